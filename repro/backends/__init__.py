@@ -1,0 +1,1 @@
+"""Backends: `sim` (embedded discrete-event simulator) and `sglang` (live servers, optional extra)."""

@@ -1,0 +1,35 @@
+"""The contract every backend (sim, sglang) fulfils for one grid cell."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+# Columns of requests.parquet, in order (ARCHITECTURE.md "Result files").
+RECORD_COLUMNS: tuple[str, ...] = (
+    "id",
+    "worker",
+    "arrival_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "group",
+    "failed",
+)
+
+
+@dataclass
+class CellResult:
+    """What a backend returns for one cell: per-request records + provenance + wall-clock timings.
+
+    `records` has RECORD_COLUMNS (failed requests: failed=True, times NaN).
+    `provenance` goes into summary.json; `timings` (wall-clock, machine-dependent) into
+    timings.json and never into a result's identity.
+    """
+
+    records: pd.DataFrame
+    provenance: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)

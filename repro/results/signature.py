@@ -1,0 +1,39 @@
+"""Run signature = hash of the result-affecting part of a config.
+
+Keys that never change a result (tracking, output paths, launcher, parallelism, the
+experiment's display name) are dropped before hashing; the rest is serialised as
+canonical JSON (sorted keys), so the same cell gets the same signature on a laptop,
+in a joblib pool or in a Slurm array task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+# Top-level config keys that do not affect results.
+NON_RESULT_KEYS: frozenset[str] = frozenset(
+    {"tracking", "hydra", "paths", "launcher", "n_jobs", "results_dir", "exp_name", "local", "run"}
+)
+
+
+def _plain(obj: Any) -> Any:
+    try:  # OmegaConf containers -> plain python, interpolations resolved
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(obj, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return obj
+
+
+def signature_payload(cfg: Mapping[str, Any]) -> dict:
+    cfg = _plain(cfg)
+    return {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+
+
+def run_signature(cfg: Mapping[str, Any], length: int = 12) -> str:
+    blob = json.dumps(signature_payload(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]

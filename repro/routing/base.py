@@ -1,0 +1,85 @@
+"""What a router is and what it may see (ARCHITECTURE.md "Interfaces").
+
+A router never imports the simulator: it sees workers only through `WorkerView`
+(read-only) and learns about completions through `on_request_complete`. The very
+same classes run inside the simulator and inside the live router service.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from repro.costmodel import StepCostModel
+    from repro.workloads.request import Request
+
+
+@runtime_checkable
+class WorkerView(Protocol):
+    """Read-only view of one worker, as a router may see it."""
+
+    worker_id: int
+
+    @property
+    def in_flight(self) -> int: ...  # dispatched and not finished (waiting + running)
+
+    @property
+    def waiting(self) -> int: ...  # queued, not yet admitted
+
+    @property
+    def waiting_prefill_tokens(self) -> int: ...  # uncached prompt tokens still to prefill
+
+    @property
+    def running(self) -> int: ...  # requests in the running batch
+
+    @property
+    def active_kv_tokens(self) -> int: ...  # KV tokens held by running requests
+
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+
+    @property
+    def kv_used_tokens(self) -> int: ...
+
+    @property
+    def eviction_policy(self) -> str: ...  # "lru" | "rlt" | ...: what an approximate tracker mirrors
+
+    @property
+    def cost_model(self) -> "StepCostModel": ...
+
+    def peek_prefix(self, tokens: np.ndarray | bytes) -> int:
+        """Longest cached prefix in tokens, touching neither recency nor marks."""
+        ...
+
+
+class Router:
+    """Base class: `select_worker` picks a worker id, `on_request_complete` feeds back.
+
+    `now_s` is the clock of whoever drives the router (simulated time in the
+    simulator, monotonic wall time in the live service); routers never read a clock.
+    All randomness comes from the generator `reset` builds from the run's seed, so
+    two router instances never interfere.
+    """
+
+    name: str = "base"
+
+    def reset(self, workers: Sequence[WorkerView], seed: int) -> None:
+        """Prepare for a run over `workers` (their ids are 0..M-1 in order)."""
+        self.num_workers = len(workers)
+        self.rng = np.random.default_rng(seed)
+
+    def select_worker(self, request: "Request", workers: Sequence[WorkerView], now_s: float) -> int:
+        raise NotImplementedError
+
+    def on_request_complete(
+        self,
+        request: "Request",
+        worker_id: int,
+        latency_s: float,
+        ttft_s: float,
+        cached_tokens: int,
+        now_s: float | None = None,
+    ) -> None:
+        """Completion callback (ARCHITECTURE.md); default: nothing to learn."""
