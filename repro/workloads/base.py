@@ -206,7 +206,7 @@ class WorkloadSpec:
     STAND_IN_DEFAULTS: dict[str, Any] | None = None
 
     def __init__(self, **cfg: Any):
-        cfg = _plain(cfg)
+        cfg = {k: _plain(v) for k, v in cfg.items()}  # hydra.utils.instantiate passes DictConfig values
         cfg.pop("_target_", None)
         given_name = cfg.pop("name", self.name)
         merged: dict[str, Any] = copy.deepcopy(COMMON_DEFAULTS)

@@ -107,6 +107,8 @@ class GSPWorkload(WorkloadSpec):
                 _, gen = self._segment(rng_tok, int(out_lens[g, j]), tokenizer, builtin, newline=False)
                 b.add_query([sys_seg, q_seg], gen, group=g, conversation=g * P + j, turn=0)
         prov = {
+            "rows_read": 0,
+            "malformed_rows": 0,
             "num_groups": G,
             "prompts_per_group": P,
             "system_prompt_tokens_mean": float(np.mean([b.seg_len(b.q_segments[g * P][0]) for g in range(G)])),

@@ -94,3 +94,13 @@ def test_omegaconf_node_is_accepted():
                                    system_prompt_len_range=[20, 40], question_len=8))
     wl = build_workload(node, seed=0)
     assert len(wl.requests) == 16
+
+
+def test_hydra_instantiate_gives_the_spec():
+    from hydra.utils import instantiate
+
+    node = OmegaConf.create(wl_cfg("gsp", num_queries=8, num_groups=2, prompts_per_group=4,
+                                   system_prompt_len_range=[20, 40], question_len=8))
+    spec = instantiate(node)
+    assert spec.cfg["system_prompt_len_range"] == [20, 40]
+    assert len(spec.build(seed=0).requests) == 8
