@@ -69,6 +69,13 @@ class GSPWorkload(WorkloadSpec):
         r = c.get("shared_prefix_ratio")
         if isinstance(r, float) and r >= 1.0:
             p.add("shared_prefix_ratio must be < 1 (a prompt needs at least one question token)")
+        if p.items:
+            return
+        rng_ = c["system_prompt_len_range"]
+        longest = (rng_[1] if rng_ else c["system_prompt_len"]) + c["question_len"] + c["output_len"]
+        if c["max_context_len"] is not None and longest > c["max_context_len"]:
+            p.add(f"max_context_len {c['max_context_len']} is below the longest GSP request ({longest} tokens: "
+                  "system prompt + question + output); GSP lengths are set by config, nothing is filtered")
 
     def resolve_data(self) -> DataSource:
         return DataSource(kind="generated", dataset_id="sglang generated-shared-prefix")

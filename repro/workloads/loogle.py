@@ -111,7 +111,9 @@ class LooGLEWorkload(WorkloadSpec):
                     f"the {self.cfg['config']} split as jsonl, one document per line",
                 )
             return stand_in
-        label = str(self.cfg["path"]) if self.cfg["path"] is not None else str(path)
+        # default location labelled machine-independently (provenance goes into summaries)
+        label = (str(self.cfg["path"]) if self.cfg["path"] is not None
+                 else f"$REPRO_DATA_DIR/loogle/{self.cfg['config']}.jsonl")
         return DataSource(kind="real", path=path, label=label, sha256=_cache.file_sha256(path),
                           size_bytes=path.stat().st_size, dataset_id=f"{DATASET_ID} ({self.cfg['config']})")
 

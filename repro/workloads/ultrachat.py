@@ -96,7 +96,8 @@ class UltraChatWorkload(WorkloadSpec):
                 )
             return DataSource(kind="synthetic", dataset_id=DATASET_ID, label="stand-in: UltraChat statistics")
         digest, size = files_digest(files, _cache.file_sha256)
-        label = str(self.cfg["path"]) if self.cfg["path"] is not None else str(path)
+        # default location labelled machine-independently (provenance goes into summaries)
+        label = str(self.cfg["path"]) if self.cfg["path"] is not None else "$REPRO_DATA_DIR/ultrachat"
         return DataSource(kind="real", path=path, label=label, sha256=digest, size_bytes=size, dataset_id=DATASET_ID)
 
     # -- real ------------------------------------------------------------------------

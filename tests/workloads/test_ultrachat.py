@@ -96,7 +96,7 @@ def test_default_location_is_used_when_present(isolated_dirs):
     (data / "ultrachat").mkdir()
     write_jsonl(data / "ultrachat" / "part.jsonl", raw_rows(4))
     wl = build_workload(wl_cfg("ultrachat", num_queries=8), seed=0)  # source: auto
-    assert wl.provenance["source"] == "real"
+    assert wl.provenance["source"] == "real" and wl.provenance["data_file"] == "$REPRO_DATA_DIR/ultrachat"
 
 
 def test_auto_without_file_is_a_labelled_stand_in_with_published_stats():

@@ -62,6 +62,7 @@ def test_all_problems_reported_in_one_error():
         ("ultrachat", {"stand_in": {"mean_turns": 0.5}}, "mean_turns must be >= 1"),
         ("sharegpt", {"max_context_len": 0}, "max_context_len must be >= 1"),
         ("gsp", {"name": "sharegpt"}, "name is 'sharegpt'"),
+        ("gsp", {"max_context_len": 3000}, "below the longest GSP request (3204 tokens"),
     ],
 )
 def test_bad_values_are_rejected(name, override, fragment):

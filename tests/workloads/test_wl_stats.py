@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +54,20 @@ def test_prefix_index_basic():
     assert idx.match_prefix(np.array([1, 2, 3, 7], np.int32)) == 3
     assert idx.match_prefix(np.array([1, 2], np.int32)) == 2
     assert idx.match_prefix(np.array([5], np.int32)) == 0
+
+
+def test_radix_cache_and_prefix_index_agree():
+    from repro.workloads.stats import _radix_cache_or_none
+
+    if _radix_cache_or_none() is None:
+        pytest.skip("repro.kvcache.RadixCache is not on this branch yet; stats uses PrefixIndex")
+    from wl_helpers import wl_cfg
+
+    from repro.workloads import build_workload
+
+    wl = build_workload(wl_cfg("gsp", num_queries=64, num_groups=8, prompts_per_group=8,
+                               system_prompt_len_range=[50, 100], question_len=10), seed=0)
+    assert infinite_cache_bound(wl.requests) == infinite_cache_bound(wl.requests, use_radix_cache=False)
 
 
 def test_cli_with_hydra_overrides(capsys):
