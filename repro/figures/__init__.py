@@ -1,0 +1,59 @@
+"""Every table and plot of the paper, rendered from results/ only (never runs or imports the simulator).
+
+    python -m repro.figures [NAME ...] [--results-dir results] [--figures-dir figures]
+                            [--run-missing] [--check]
+
+One module per artefact (ARTEFACTS, in the paper's order); each has `NAME`, `EXP` (its
+results/<EXP>/ folder, the same name as conf/exp/<EXP>.yaml) and
+`render(results_dir, figures_dir) -> list[Path]`. Shared parts: load (the one results
+loader), perf (the six-panel performance figures), tables, captions, style, claims (the
+claims table) and reproduce (REPRODUCE.md's generated blocks and figures/README.md).
+thm_competitive_ratio is the kvcache engineer's module, registered here as is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+ARTEFACTS: tuple[str, ...] = (
+    "fig2_main",
+    "fig3_models",
+    "fig4_order",
+    "fig5_request_rate",
+    "fig6_workers",
+    "fig7_cache_size",
+    "tab2_ablation",
+    "fig10_prefix_ratio",
+    "fig11_num_queries",
+    "fig12_output_len",
+    "fig13_batch_size",
+    "tab3_single_worker",
+    "fig14_decay_interval",
+    "thm_competitive_ratio",
+)
+
+
+class ArtefactUnavailable(ImportError):
+    """The artefact's module is not in this checkout (e.g. not merged yet)."""
+
+
+def artefact(name: str) -> ModuleType:
+    if name not in ARTEFACTS:
+        raise KeyError(f"unknown figure/table {name!r}; known: {', '.join(ARTEFACTS)}")
+    try:
+        return importlib.import_module(f"repro.figures.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name in (f"repro.figures.{name}",):
+            raise ArtefactUnavailable(f"repro/figures/{name}.py is not in this checkout yet") from exc
+        raise
+
+
+def experiment_of(name: str) -> str:
+    """results/<exp>/ and conf/exp/<exp>.yaml of an artefact (the same name for every artefact)."""
+    if name not in ARTEFACTS:
+        raise KeyError(name)
+    return name
+
+
+__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "experiment_of"]

@@ -1,0 +1,201 @@
+"""python -m repro.figures [NAME ...] [--results-dir results] [--figures-dir figures]
+                          [--reproduce-md REPRODUCE.md] [--run-missing] [--check]
+
+Default: render the named artefacts (all when none is named) from results/ only, then rewrite
+figures/claims.md, figures/README.md and REPRODUCE.md's generated blocks (claims are always
+computed from all results). --run-missing first runs, through `python -m repro.run +exp=NAME`,
+every experiment whose results are missing or incomplete (the harness skips finished cells).
+--check writes nothing: it recomputes the claims table and REPRODUCE.md's generated blocks and
+exits 1 if they differ from the committed ones (CI, from committed summaries, no simulation).
+
+Exit status: 0 all done; 1 some artefact could not be rendered / some experiment failed /
+--check found a difference; 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from repro.figures import ARTEFACTS, ArtefactUnavailable, artefact, experiment_of
+from repro.figures.load import ResultsError, cell_counts, memoized_loads
+
+CONF_EXP = Path(__file__).resolve().parent.parent.parent / "conf" / "exp"
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m repro.figures", description=__doc__.split("\n\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"artefacts (default: all): {', '.join(ARTEFACTS)}")
+    ap.add_argument("--results-dir", default="results")
+    ap.add_argument("--figures-dir", default="figures")
+    ap.add_argument("--reproduce-md", default="REPRODUCE.md", help="the file whose generated blocks are rewritten")
+    ap.add_argument("--run-missing", action="store_true", help="run missing/incomplete experiments first")
+    ap.add_argument("--check", action="store_true", help="compare the generated tables with the committed ones")
+    return ap.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- running experiments ---------------------------------------------------------------------
+def _repro_run(exp: str, results_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={results_dir}", *extra]
+    capture = bool(extra)  # the dry run is parsed; a real run streams its progress
+    return subprocess.run(cmd, capture_output=capture, text=True)
+
+
+def pending_cells(exp: str, results_dir: Path) -> int | None:
+    """Cells of the experiment's current grid that are not finished (None: could not tell)."""
+    if cell_counts(results_dir, exp)["finished"] == 0:
+        return -1  # nothing finished: certainly to run, skip the dry run
+    proc = _repro_run(exp, results_dir, "--dry-run")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(f"{exp}:") and "to run" in line:
+            try:
+                return int(line.rsplit(",", 1)[1].split()[0])
+            except (IndexError, ValueError):
+                break
+    return None
+
+
+def run_missing(names, results_dir: Path) -> list[str]:
+    """Run what is missing; returns the problems (experiment: reason)."""
+    problems = []
+    for name in names:
+        exp = experiment_of(name)
+        if not (CONF_EXP / f"{exp}.yaml").is_file():
+            problems.append(f"{exp}: conf/exp/{exp}.yaml does not exist (experiment not defined yet)")
+            log(f"[run] {exp}: no conf/exp/{exp}.yaml — skipped")
+            continue
+        todo = pending_cells(exp, results_dir)
+        if todo == 0:
+            log(f"[run] {exp}: complete")
+            continue
+        log(f"[run] {exp}: {'all cells' if todo in (-1, None) else f'{todo} cell(s)'} to run")
+        t0 = time.perf_counter()
+        proc = _repro_run(exp, results_dir)
+        dt = time.perf_counter() - t0
+        log(f"[run] {exp}: exit {proc.returncode} after {dt:.0f} s wall")
+        if proc.returncode != 0:
+            problems.append(f"{exp}: `python -m repro.run +exp={exp}` exited {proc.returncode}")
+    return problems
+
+
+# -- rendering -------------------------------------------------------------------------------
+def render(names, results_dir: Path, figures_dir: Path) -> list[str]:
+    problems = []
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            mod = artefact(name)
+            paths = mod.render(results_dir, figures_dir)
+        except ArtefactUnavailable as exc:
+            problems.append(f"{name}: {exc}")
+            log(f"[render] {name}: skipped — {exc}")
+            continue
+        except (ResultsError, FileNotFoundError, ValueError) as exc:
+            problems.append(f"{name}: {exc}")
+            log(f"[render] {name}: skipped — {exc}")
+            continue
+        if name == "thm_competitive_ratio":
+            from repro.figures.reproduce import thm_caption
+            from repro.figures.style import write_text
+
+            write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n")
+        log(f"[render] {name}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s")
+    return problems
+
+
+def generated(results_dir: Path):
+    from repro.figures import claims, reproduce
+
+    table = claims.evaluate(results_dir)
+    blocks = {"figures": reproduce.figures_table(results_dir, table), "claims": reproduce.claims_block(table)}
+    return table, blocks, reproduce.claims_file(table)
+
+
+def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> None:
+    from repro.figures import reproduce
+    from repro.figures.style import write_text
+    from repro.results import atomic_write_text
+
+    table, blocks, claims_md = generated(results_dir)
+    write_text(figures_dir, "claims.md", claims_md)
+    write_text(figures_dir, "README.md", reproduce.index(results_dir, figures_dir))
+    if reproduce_md.is_file():
+        text = reproduce_md.read_text()
+        for name, body in blocks.items():
+            text = reproduce.replace_block(text, name, body)
+        atomic_write_text(reproduce_md, text)
+    else:
+        log(f"[claims] {reproduce_md} does not exist: only figures/claims.md written")
+    counts = table["verdict"].value_counts().to_dict()
+    log(f"[claims] {len(table)} claims: {counts}")
+
+
+def check(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> int:
+    from repro.figures import reproduce
+
+    _, blocks, claims_md = generated(results_dir)
+    pairs = [(figures_dir / "claims.md", claims_md, None)]
+    pairs += [(reproduce_md, body, name) for name, body in blocks.items()]
+    bad = 0
+    for path, want, block in pairs:
+        where = f"{path}" + (f" [{block}]" if block else "")
+        if not path.is_file():
+            log(f"[check] {where}: missing")
+            bad += 1
+            continue
+        text = path.read_text()
+        try:
+            have = reproduce.read_block(text, block) if block else text
+        except reproduce.MarkerError as exc:
+            log(f"[check] {where}: {exc}")
+            bad += 1
+            continue
+        if have != want:
+            bad += 1
+            diff = difflib.unified_diff(have.splitlines(), want.splitlines(), "committed", "recomputed", lineterm="", n=0)
+            log(f"[check] {where}: differs from the results\n" + "\n".join(list(diff)[:40]))
+        else:
+            log(f"[check] {where}: up to date")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    unknown = [n for n in a.names if n not in ARTEFACTS]
+    if unknown:
+        log(f"unknown figure/table {unknown}; known: {', '.join(ARTEFACTS)}")
+        return 2
+    if a.check and a.run_missing:
+        log("--check compares committed results; it cannot be combined with --run-missing")
+        return 2
+    names = a.names or list(ARTEFACTS)
+    results_dir, figures_dir = Path(a.results_dir).resolve(), Path(a.figures_dir)
+    reproduce_md = Path(a.reproduce_md)
+    if a.check:
+        with memoized_loads():
+            return check(results_dir, figures_dir, reproduce_md)
+    t0 = time.perf_counter()
+    problems = run_missing(names, results_dir) if a.run_missing else []
+    t_run = time.perf_counter() - t0
+    with memoized_loads():  # results/ does not change from here on
+        problems += render(names, results_dir, figures_dir)
+        write_generated(results_dir, figures_dir, reproduce_md)
+    log(f"[done] {'run ' + format(t_run, '.0f') + ' s, ' if a.run_missing else ''}"
+        f"total {time.perf_counter() - t0:.0f} s wall")
+    for p in problems:
+        log(f"[problem] {p}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Provenance sentences for captions, computed from the cells a figure or table shows.
+
+Every caption says: the backend (sim = this repository's discrete-event simulator, sglang =
+real SGLang servers), the model (weight dtype, tensor parallelism) and GPU, the seeds (and
+that values are mean ± SD over them when there are several), any synthetic stand-in data
+(workload provenance `synthetic: true`), the tokenizer, and the ShareGPT truncation note
+when the packaged file was cut short (`file_truncated: true`).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+BACKEND_WORDS = {
+    "sim": "sim (discrete-event simulator; step costs from the cost model fitted on measured H200 profiles)",
+    "sglang": "sglang (real SGLang servers)",
+    "theory": "theory (single-worker trace replayer)",
+}
+
+
+def _unique(df: pd.DataFrame, col: str) -> list:
+    if col not in df:
+        return []
+    vals = [v for v in df[col].tolist() if v is not None and not (isinstance(v, float) and v != v)]
+    return sorted(set(vals), key=str)
+
+
+def _truthy(df: pd.DataFrame, col: str) -> pd.Series:
+    if col not in df:
+        return pd.Series(False, index=df.index)
+    return df[col].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
+
+
+def backends(df: pd.DataFrame) -> list[str]:
+    return [str(b) for b in (_unique(df, "prov.backend") or _unique(df, "backend.name"))]
+
+
+def model_gpu(df: pd.DataFrame) -> str:
+    parts = []
+    cols = [c for c in ("model.name", "model.weight_dtype", "model.tensor_parallel", "hardware.name") if c in df]
+    if "model.name" not in cols:
+        return ""
+    for key, _ in df.groupby(cols, sort=True, dropna=False):
+        d = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
+        extra = []
+        if d.get("model.weight_dtype") not in (None, "bf16") and d.get("model.weight_dtype") == d.get("model.weight_dtype"):
+            extra.append(f"{d['model.weight_dtype']} weights")
+        tp = d.get("model.tensor_parallel")
+        if tp not in (None, 1) and tp == tp:
+            extra.append(f"TP={int(tp)}")
+        text = str(d["model.name"]) + (f" ({', '.join(extra)})" if extra else "")
+        if d.get("hardware.name") is not None:
+            text += f" on {d['hardware.name']}"
+        parts.append(text)
+    return "; ".join(dict.fromkeys(parts))
+
+
+def seeds_text(df: pd.DataFrame, point_keys: list[str]) -> str:
+    seeds = _unique(df, "seed")
+    if not seeds:
+        return ""
+    per_point = df.groupby(point_keys, dropna=False).size().max() if point_keys else len(df)
+    listed = ", ".join(str(int(s)) for s in seeds)
+    if per_point > 1:
+        return f"mean ± SD over seeds {listed}"
+    return f"seed {listed}" if len(seeds) == 1 else f"one seed per point (seeds {listed})"
+
+
+def data_text(df: pd.DataFrame) -> list[str]:
+    out = []
+    names = "workload.name" if "workload.name" in df else None
+    synthetic = df[_truthy(df, "prov.workload.synthetic")]
+    if len(synthetic):
+        wl = sorted(set(synthetic[names])) if names else ["?"]
+        out.append("SYNTHETIC stand-in data (not the real dataset) for: " + ", ".join(map(str, wl)))
+    trunc = df[_truthy(df, "prov.workload.file_truncated")]
+    if len(trunc):
+        rows = _unique(trunc, "prov.workload.rows_read")
+        n = f"its first {int(rows[0]):,} conversations" if len(rows) == 1 else "the conversations before the cut"
+        out.append(f"ShareGPT: the packaged file is cut at ~120 MB; results use {n}")
+    tok = _unique(df, "prov.workload.tokenizer.kind")
+    if tok:
+        names_tok = _unique(df, "prov.workload.tokenizer.name")
+        out.append("tokenizer: " + ", ".join(map(str, names_tok or tok)))
+    return out
+
+
+def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
+    """One line: backend; model/GPU; seeds; data notes."""
+    parts = []
+    b = backends(df)
+    if b:
+        parts.append("Backend: " + ", ".join(BACKEND_WORDS.get(x, x) for x in b))
+    mg = model_gpu(df)
+    if mg:
+        parts.append("model/GPU: " + mg)
+    s = seeds_text(df, point_keys)
+    if s:
+        parts.append(s)
+    parts.extend(data_text(df))
+    return ". ".join(parts) + "."

@@ -1,0 +1,283 @@
+"""The one loader of results/ for every figure, table and claim (reads files, never runs anything).
+
+A finished cell is a folder results/<exp>/<sig>/ holding summary.json (written last by the
+harness, so its presence marks the cell finished), config.yaml and timings.json. One row per
+finished cell:
+
+- `exp`, `signature`;
+- every config.yaml field under its dotted name (`workload.request_rate`,
+  `cluster.scheduler.max_running_requests`, `policy_name`, `seed`, ...);
+- every summary.json metric under its own name (`hit_rate`, `latency_p50_s`, ...);
+- provenance under `prov.` (`prov.backend`, `prov.workload.synthetic`, ...);
+- timings.json under `timings.` (`timings.harness.backend_wall_s`,
+  `timings.backend.eviction.total_s`, ...);
+- DERIVED per-cell columns (add_overheads): eviction / routing ms per query, cpu_s.
+
+Lists become tuples (hashable, comparable). Folders without summary.json are unfinished or
+failed cells (error.txt) and are counted, never read.
+
+`aggregate` groups cells by the keys a figure shows and averages over seeds, after checking
+that nothing else differs between the cells it pools: two cells for the same point and seed
+(a stale cell from an older grid), or cells that differ in a config field the figure does not
+show, are a ResultsError naming the signatures and the fields — never a silent average.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from repro.metrics.summary import SUMMARY_KEYS
+from repro.results.signature import NON_RESULT_KEYS
+
+# The six metrics every performance figure shows (paper §5 "Metrics").
+METRICS: tuple[str, ...] = (
+    "latency_p50_s",
+    "latency_p95_s",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "hit_rate",
+    "throughput_rps",
+)
+# Computed per cell from timings.json by add_overheads (ms per query; cpu_s = backend wall time).
+DERIVED: tuple[str, ...] = ("eviction_ms_per_query", "routing_ms_per_query", "cpu_s")
+SYSTEM = "policy_name"
+SEED = "seed"
+
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
+
+
+class ResultsError(RuntimeError):
+    """results/ cannot give a figure what it needs (missing, stale or ambiguous cells)."""
+
+
+def _plain(v):
+    if isinstance(v, list):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def flatten(obj: dict, prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists -> tuples, dicts inside lists -> canonical JSON."""
+    out: dict = {}
+    if not isinstance(obj, dict):
+        return out
+    stack = [(prefix, obj)]
+    while stack:
+        pre, node = stack.pop()
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                stack.append((f"{pre}{k}.", v))
+            else:
+                out[f"{pre}{k}"] = None if isinstance(v, dict) else _plain(v)
+    return dict(sorted(out.items()))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def cell_dirs(results_dir: str | Path, exp: str) -> list[Path]:
+    root = Path(results_dir) / exp
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def cell_counts(results_dir: str | Path, exp: str) -> dict[str, int]:
+    """finished (summary.json), failed (error.txt, no summary), unfinished (neither)."""
+    counts = {"finished": 0, "failed": 0, "unfinished": 0}
+    for d in cell_dirs(results_dir, exp):
+        if (d / "summary.json").is_file():
+            counts["finished"] += 1
+        elif (d / "error.txt").is_file():
+            counts["failed"] += 1
+        else:
+            counts["unfinished"] += 1
+    return counts
+
+
+_MEMO: dict | None = None
+
+
+@contextmanager
+def memoized_loads():
+    """Within the block, load_cells reads each results/<exp>/ once (one CLI run renders and
+    evaluates claims from the same files; nothing writes results/ meanwhile)."""
+    global _MEMO
+    outer = _MEMO
+    _MEMO = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _MEMO = outer
+
+
+def load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
+    """One row per finished cell of results/<exp>/ (empty frame when there is none)."""
+    key = (str(Path(results_dir).resolve()), exp)
+    if _MEMO is not None:
+        if key not in _MEMO:
+            _MEMO[key] = _load_cells(results_dir, exp)
+        return _MEMO[key].copy()
+    return _load_cells(results_dir, exp)
+
+
+def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
+    rows, summary_cols = [], set()
+    for d in cell_dirs(results_dir, exp):
+        summary_path = d / "summary.json"
+        if not summary_path.is_file():
+            continue
+        summary = _read_json(summary_path)
+        config_path = d / "config.yaml"
+        if not config_path.is_file():
+            raise ResultsError(f"{d}: summary.json without config.yaml (a cell folder must hold both)")
+        config = yaml.load(config_path.read_text(), Loader=_YAML_LOADER) or {}
+        timings = _read_json(d / "timings.json") if (d / "timings.json").is_file() else {}
+        row = {"exp": exp, "signature": d.name}
+        row.update(flatten(config))
+        for k, v in summary.items():
+            if k == "provenance":
+                continue
+            if k in row:
+                raise ResultsError(f"{summary_path}: summary key {k!r} collides with a config field")
+            row[k] = _plain(v)
+            summary_cols.add(k)
+        row.update(flatten(summary.get("provenance") or {}, "prov."))
+        row.update(flatten(timings, "timings."))
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    for k in SUMMARY_KEYS:
+        if k in df:
+            df[k] = pd.to_numeric(df[k], errors="coerce")
+    df = add_overheads(df)
+    df.attrs["summary_columns"] = sorted(summary_cols)
+    return df
+
+
+def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-query wall-clock overheads from timings.json (Table 2's last two columns), in ms.
+
+    eviction_ms_per_query = eviction CPU time / requests; routing_ms_per_query = (routing
+    decisions + completion callbacks, where LBGR learns) / requests. NaN where a backend did
+    not measure them. Machine-dependent: measured on whatever ran the cell.
+    """
+    attrs = dict(df.attrs)
+    df = df.copy()
+    df.attrs = attrs
+    n = pd.to_numeric(df.get("num_requests"), errors="coerce") if "num_requests" in df else np.nan
+
+    def col(name):
+        return pd.to_numeric(df[name], errors="coerce") if name in df else pd.Series(np.nan, index=df.index)
+
+    df["eviction_ms_per_query"] = col("timings.backend.eviction.total_s") / n * 1e3
+    routing = col("timings.backend.routing.total_s")
+    callbacks = col("timings.backend.completion_callback.total_s").fillna(0.0)
+    df["routing_ms_per_query"] = (routing + callbacks) / n * 1e3
+    df["cpu_s"] = col("timings.harness.backend_wall_s")
+    return df
+
+
+def require(df: pd.DataFrame, exp: str, columns: Iterable[str] = ()) -> pd.DataFrame:
+    if df.empty:
+        raise ResultsError(f"no finished cells under results/{exp}/: run `python -m repro.run +exp={exp}`")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ResultsError(f"results/{exp}/: cells lack the fields {missing}")
+    return df
+
+
+def _config_columns(df: pd.DataFrame) -> list[str]:
+    """Result-affecting config fields (not summary, provenance, timings or bookkeeping)."""
+    skip = set(SUMMARY_KEYS) | set(DERIVED) | set(df.attrs.get("summary_columns", ())) | {"exp", "signature"}
+    out = []
+    for c in df.columns:
+        if c in skip or c.startswith(("prov.", "timings.")):
+            continue
+        if c.split(".", 1)[0] in NON_RESULT_KEYS:
+            continue
+        out.append(c)
+    return out
+
+
+def _key(v) -> str:
+    """Comparable text for a cell value (NaN == NaN, 1 == 1.0)."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "null"
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return repr(float(v))
+    return repr(v)
+
+
+def check_poolable(df: pd.DataFrame, keys: Sequence[str], exp: str) -> None:
+    """Raise unless the cells of each `keys` group differ in the seed only, one cell per seed."""
+    keys = list(keys)
+    cfg_cols = [c for c in _config_columns(df) if c not in keys and c != SEED]
+    by = [df[k].map(_key) for k in keys]  # NaN-safe, type-stable group labels
+    if cfg_cols:
+        text = df[cfg_cols].map(_key)
+        n_values = text.groupby(by, sort=False).nunique()
+        bad_groups = n_values.index[(n_values > 1).any(axis=1)]
+    else:
+        n_values, bad_groups = None, []
+    seeds = df[SEED].map(_key) if SEED in df else pd.Series("", index=df.index)
+    dup = seeds.groupby(by, sort=False).apply(lambda s: s.duplicated().any())
+    for group in list(dup.index[dup.to_numpy(dtype=bool)]) + list(bad_groups):
+        group = _tuple(group)
+        mask = np.logical_and.reduce([b.to_numpy() == g for b, g in zip(by, group)])
+        g = df[mask]
+        where = dict(zip(keys, g[keys].iloc[0].tolist()))
+        varying = [c for c in cfg_cols if n_values.loc[group if len(group) > 1 else group[0], c] > 1] if cfg_cols else []
+        if SEED in g and g[SEED].duplicated().any():
+            dups = g[g[SEED].duplicated(keep=False)]
+            raise ResultsError(
+                f"results/{exp}/: cells {sorted(dups['signature'])} are the same point {where} and seed but differ "
+                f"in {varying or 'nothing shown'}: a stale cell from an older grid? Remove the folder(s) that the "
+                f"current conf/exp/{exp}.yaml does not produce (`python -m repro.run +exp={exp} --dry-run` lists "
+                f"its signatures)"
+            )
+        raise ResultsError(
+            f"results/{exp}/: cells {sorted(g['signature'])} at {where} differ in {varying}, which this "
+            f"figure does not show; give such ablation rows their own policy_name"
+        )
+
+
+def _tuple(group) -> tuple:
+    return group if isinstance(group, tuple) else (group,)
+
+
+def aggregate(df: pd.DataFrame, keys: Sequence[str], exp: str, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+    """Mean, sample SD (ddof=1; 0 for one seed), and seed count per `keys` group.
+
+    Columns: keys..., `<metric>` (mean), `<metric>_sd`, `n_seeds`, `seeds` (sorted tuple).
+    Groups keep the order of first appearance; callers sort.
+    """
+    keys = list(keys)
+    require(df, exp, keys + list(metrics))
+    check_poolable(df, keys, exp)
+    rows = []
+    for group, g in df.groupby(keys, sort=False, dropna=False):
+        row = dict(zip(keys, _tuple(group)))
+        for m in metrics:
+            vals = g[m].to_numpy(dtype=float)
+            row[m] = float(np.mean(vals))
+            row[f"{m}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        row["n_seeds"] = len(g)
+        row["seeds"] = tuple(sorted(int(s) for s in g[SEED])) if SEED in g else ()
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,225 @@
+"""The shared shape of the performance figures: six metric panels per row, one row per facet.
+
+A `PerfFigure` is what each figure module declares (its experiment, what the x axis is, what
+makes a row, its title and the reconstruction notes); `render` reads results/<exp>/ through
+repro.figures.load, checks the cells pool cleanly over seeds, and writes
+
+    figures/<name>.png, .pdf   the plot (caption with provenance under it)
+    figures/<name>.csv         the plotted numbers (mean and SD per point), for readers
+    figures/<name>.caption.txt the caption text
+
+kind "bars": one bar per system (fig2/3/4); kind "sweep": x = a swept config field, one line
+per system (fig5-7, 10-14). Error bars / bands are ± one sample SD over seeds (none for one
+seed). A system whose cells lack the x field (e.g. Cache-Aware in the decay-interval sweep)
+is drawn as a dashed horizontal reference line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from repro.figures import captions
+from repro.figures.load import METRICS, SYSTEM, aggregate, load_cells, require
+from repro.figures.style import LOG_METRICS, METRIC_LABELS, add_caption, apply_style, save_figure, system_colors, system_order, write_text
+
+PERCENT_METRICS = ("hit_rate",)
+# Facet rows in the paper's order where it has one; anything else sorts after, by name.
+FACET_ORDER = {"workload.name": ("gsp", "sharegpt", "ultrachat", "loogle"),
+               "model.name": ("llama31_8b", "llama31_70b", "mixtral_8x7b")}
+
+
+def _facet_rank(col: str, v) -> tuple:
+    known = FACET_ORDER.get(col, ())
+    return (known.index(v), "") if v in known else (len(known), str(v))
+
+
+def metric_values(metric: str, values):
+    """Display units: hit rate in %, everything else as stored (s, req/s)."""
+    return np.asarray(values, dtype=float) * (100.0 if metric in PERCENT_METRICS else 1.0)
+
+
+def log_axis(ax) -> None:
+    """Log y axis labelled 0.1, 0.2, 0.5, 1, 2, 5 ... in plain numbers."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())  # no minor ticks: fewer labels to lay out
+
+
+def _fmt_x(v) -> str:
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
+@dataclass(frozen=True)
+class PerfFigure:
+    name: str
+    exp: str
+    title: str
+    kind: str  # "bars" | "sweep"
+    facets: tuple[str, ...] = ("workload.name",)
+    x: str | None = None
+    x_label: str = ""
+    x_log: int = 0  # log base of the x axis (0 = linear)
+    x_percent: bool = False  # show x * 100 (memory fraction)
+    notes: str = ""  # reconstruction choices and what the paper leaves open
+    caption_extra: Callable[[pd.DataFrame], str] | None = field(default=None, compare=False)
+
+    # -- data ---------------------------------------------------------------------------
+    def cells(self, results_dir: str | Path) -> pd.DataFrame:
+        df = require(load_cells(results_dir, self.exp), self.exp, [SYSTEM])
+        return df
+
+    def facet_columns(self, df: pd.DataFrame) -> list[str]:
+        return [f for f in self.facets if f in df]
+
+    def point_keys(self, df: pd.DataFrame) -> list[str]:
+        keys = self.facet_columns(df) + [SYSTEM]
+        if self.kind == "sweep":
+            if self.x not in df:
+                raise ValueError(f"{self.name}: no cell of results/{self.exp}/ has the swept field {self.x!r}")
+            keys.append(self.x)
+        return keys
+
+    def table(self, results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(cells, aggregated points) — what the plot and the claims read."""
+        df = self.cells(results_dir)
+        keys = self.point_keys(df)
+        if self.kind == "sweep":
+            df = df.copy()
+            df[self.x] = pd.to_numeric(df[self.x], errors="coerce")
+        agg = aggregate(df, keys, self.exp, METRICS)
+        order = {s: i for i, s in enumerate(system_order(agg[SYSTEM]))}
+        facet_cols = self.facet_columns(df)
+
+        def rank(i: int) -> tuple:
+            r = agg.iloc[i]
+            x = r[self.x] if self.kind == "sweep" else 0.0
+            return (*(_facet_rank(c, r[c]) for c in facet_cols), order[r[SYSTEM]], np.inf if pd.isna(x) else x)
+
+        agg = agg.iloc[sorted(range(len(agg)), key=rank)].reset_index(drop=True)
+        return df, agg
+
+    # -- text ---------------------------------------------------------------------------
+    def caption(self, df: pd.DataFrame) -> str:
+        keys = self.point_keys(df)
+        parts = [f"{self.title}.", captions.provenance_caption(df, keys)]
+        if self.caption_extra is not None:
+            extra = self.caption_extra(df)
+            if extra:
+                parts.append(extra)
+        if self.notes:
+            parts.append(self.notes)
+        parts.append("Latency and TTFT axes are logarithmic." if self.kind == "bars" else
+                     "Latency and TTFT axes are logarithmic; error bands ± SD over seeds where there are several.")
+        return " ".join(parts)
+
+    # -- drawing ------------------------------------------------------------------------
+    def render(self, results_dir: str | Path = "results", figures_dir: str | Path = "figures") -> list[Path]:
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        df, agg = self.table(results_dir)
+        apply_style()
+        facet_cols = self.facet_columns(df)
+        facets = [()] if not facet_cols else list(dict.fromkeys(map(tuple, agg[facet_cols].to_numpy().tolist())))
+        systems = system_order(agg[SYSTEM])
+        colors = system_colors(systems)
+        n_rows, n_cols = len(facets), len(METRICS)
+        fig, axes = plt.subplots(n_rows, n_cols, figsize=(2.25 * n_cols, 1.95 * n_rows + 0.4), squeeze=False)
+        for r, fv in enumerate(facets):
+            sel = np.ones(len(agg), dtype=bool)
+            for c, v in zip(facet_cols, fv):
+                sel &= (agg[c].map(str) == str(v)).to_numpy()
+            part = agg[sel]
+            row_label = " / ".join(_fmt_x(v) for v in fv)
+            for c, metric in enumerate(METRICS):
+                ax = axes[r][c]
+                if self.kind == "bars":
+                    self._bars(ax, part, metric, systems, colors)
+                else:
+                    self._sweep(ax, part, metric, systems, colors)
+                ax.set_title(METRIC_LABELS[metric] if r == 0 else "")
+                ax.set_ylabel(row_label if c == 0 and n_rows > 1 else "", fontweight="bold")
+                if metric in LOG_METRICS:
+                    log_axis(ax)
+        reference = {s for s in systems if self.kind == "sweep" and agg.loc[agg[SYSTEM] == s, self.x].isna().all()}
+        handles = [
+            Patch(facecolor=colors[s], label=s) if self.kind == "bars" else
+            Line2D([0], [0], color=colors[s], ls="--" if s in reference else "-",
+                   marker=None if s in reference else "o", ms=3, label=s)
+            for s in systems
+        ]
+        height = fig.get_figheight()
+        top = 1 - 0.62 / height  # fixed 0.62 in above the panels for the title and the legend
+        fig.tight_layout(rect=(0, 0, 1, top))
+        fig.suptitle(self.title, y=1 - 0.08 / height, fontsize=9)
+        fig.legend(handles=handles, loc="upper center", ncol=min(len(systems), 6), frameon=False,
+                   bbox_to_anchor=(0.5, 1 - 0.26 / height))
+        caption = self.caption(df)
+        add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
+        paths = save_figure(fig, figures_dir, self.name)
+        paths.append(write_text(figures_dir, f"{self.name}.csv", self.csv(agg)))
+        paths.append(write_text(figures_dir, f"{self.name}.caption.txt", caption + "\n"))
+        return paths
+
+    def _bars(self, ax, part, metric, systems, colors) -> None:
+        rows = part.set_index(SYSTEM).reindex(systems)  # one bar slot per system, NaN if absent
+        means = metric_values(metric, rows[metric])
+        sds = metric_values(metric, rows[f"{metric}_sd"])
+        several = (rows["n_seeds"].fillna(1) > 1).to_numpy()
+        ax.bar(np.arange(len(systems)), np.nan_to_num(means), width=0.8, color=[colors[s] for s in systems],
+               yerr=np.where(several, np.nan_to_num(sds), 0.0) if several.any() else None,
+               capsize=2, error_kw={"lw": 0.8})
+        ax.set_xticks(np.arange(len(systems)))
+        ax.set_xticklabels([])
+        ax.set_xlim(-0.6, len(systems) - 0.4)
+        ax.grid(axis="x", visible=False)
+
+    def _sweep(self, ax, part, metric, systems, colors) -> None:
+        from matplotlib.ticker import NullLocator
+
+        scale = 100.0 if self.x_percent else 1.0
+        xs_all = part[self.x].dropna()
+        for s in systems:
+            row = part[part[SYSTEM] == s]
+            if row.empty:
+                continue
+            line = row.dropna(subset=[self.x]).sort_values(self.x)
+            if line.empty:  # the system does not have this knob: horizontal reference
+                mean = metric_values(metric, row[metric])[0]
+                ax.axhline(mean, color=colors[s], ls="--", lw=1.0)
+                continue
+            x = line[self.x].to_numpy(dtype=float) * scale
+            y = metric_values(metric, line[metric])
+            sd = metric_values(metric, line[f"{metric}_sd"])
+            ax.plot(x, y, color=colors[s], marker="o", ms=3, lw=1.2)
+            if (line["n_seeds"] > 1).any():
+                lo = np.maximum(y - sd, y * 1e-3) if metric in LOG_METRICS else y - sd
+                ax.fill_between(x, lo, y + sd, color=colors[s], alpha=0.18, lw=0)
+        if self.x_log:
+            ax.set_xscale("log", base=self.x_log)
+        ticks = sorted(set((xs_all.to_numpy(dtype=float) * scale).tolist()))
+        if 0 < len(ticks) <= 10:
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([_fmt_x(t) for t in ticks], rotation=0)
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(self.x_label)
+
+    def csv(self, agg: pd.DataFrame) -> str:
+        cols = [c for c in agg.columns if c != "seeds"]
+        out = agg[cols].copy()
+        out["seeds"] = agg["seeds"].map(lambda t: " ".join(str(s) for s in t))
+        return out.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+
+
+__all__ = ["PerfFigure", "metric_values"]

@@ -1,0 +1,133 @@
+"""Plot style, system colours and deterministic writers for every figure and table.
+
+Determinism: Agg backend, matplotlib's bundled DejaVu fonts at fixed sizes, no `Software`
+text chunk in PNGs, no Creator/Producer/CreationDate in PDFs (matplotlib would otherwise
+stamp the time or honour SOURCE_DATE_EPOCH). The same results give byte-identical files on
+one machine with the same library versions. All writes are atomic (repro.results).
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from repro.results import atomic_write_bytes, atomic_write_text  # noqa: E402
+
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
+
+# The paper's six systems, in the paper's order: three baselines, then ours.
+BASELINES = ("Random+LRU", "RoundRobin+LRU", "CacheAware+LRU")
+OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
+PAPER_SYSTEMS = BASELINES + OURS
+
+# Fixed colours per system (seaborn "colorblind"), so a system looks the same in every figure.
+_PALETTE = (
+    "#949494",  # Random+LRU        grey
+    "#ca9161",  # RoundRobin+LRU    brown
+    "#d55e00",  # CacheAware+LRU    vermillion (the state of the art)
+    "#cc78bc",  # CacheAware+RLT    pink
+    "#029e73",  # LBGR+LRU          green
+    "#0173b2",  # LBGR+RLT          blue
+)
+_EXTRA = ("#de8f05", "#fbafe4", "#56b4e9", "#ece133", "#000000")
+
+METRIC_LABELS = {
+    "latency_p50_s": "P50 latency (s)",
+    "latency_p95_s": "P95 latency (s)",
+    "ttft_p50_s": "P50 TTFT (s)",
+    "ttft_p95_s": "P95 TTFT (s)",
+    "hit_rate": "Cache hit rate (%)",
+    "throughput_rps": "Throughput (req/s)",
+}
+# Time metrics span orders of magnitude between systems (the paper reports 10-40x): log axes.
+LOG_METRICS = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s")
+
+
+def apply_style() -> None:
+    import seaborn as sns
+
+    sns.set_theme(context="paper", style="whitegrid", font="DejaVu Sans")
+    plt.rcParams.update(
+        {
+            "figure.dpi": 100,
+            "savefig.dpi": 150,
+            "font.size": 8,
+            "axes.titlesize": 8,
+            "axes.labelsize": 8,
+            "xtick.labelsize": 7,
+            "ytick.labelsize": 7,
+            "legend.fontsize": 7,
+            "svg.hashsalt": "repro",
+            "pdf.compression": 6,
+        }
+    )
+
+
+def system_order(systems) -> list[str]:
+    """The paper's six first (paper order), any other system after them, sorted by name."""
+    present = list(dict.fromkeys(systems))
+    first = [s for s in PAPER_SYSTEMS if s in present]
+    return first + sorted(s for s in present if s not in PAPER_SYSTEMS)
+
+
+def system_colors(systems) -> dict[str, str]:
+    colors = dict(zip(PAPER_SYSTEMS, _PALETTE))
+    extras = [s for s in system_order(systems) if s not in colors]
+    for i, s in enumerate(extras):
+        colors[s] = _EXTRA[i % len(_EXTRA)]
+    return {s: colors[s] for s in system_order(systems)}
+
+
+def add_caption(fig, caption: str, width_chars: int) -> None:
+    """Caption under the axes (bbox_inches='tight' grows the canvas to hold it)."""
+    wrapped = "\n".join(textwrap.fill(p, width_chars) for p in caption.split("\n"))
+    fig.text(0.0, -0.01, wrapped, ha="left", va="top", fontsize=7, wrap=False)
+
+
+def save_figure(fig, figures_dir: str | Path, name: str) -> list[Path]:
+    """figures_dir/name.png and .pdf, atomically; closes the figure; returns the paths."""
+    out = []
+    # The tight box is computed once and reused by both formats, instead of each
+    # savefig(bbox_inches="tight") drawing the figure twice.
+    bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
+    for ext, meta in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, metadata=meta, bbox_inches=bbox)
+        out.append(atomic_write_bytes(Path(figures_dir) / f"{name}.{ext}", buf.getvalue()))
+    plt.close(fig)
+    return out
+
+
+def write_text(figures_dir: str | Path, filename: str, text: str) -> Path:
+    return atomic_write_text(Path(figures_dir) / filename, text)
+
+
+def latex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+        text = text.replace(a, b)
+    return text.replace("±", r"$\pm$").replace("×", r"$\times$").replace("−", "-").replace("Δ", r"$\Delta$")
+
+
+def write_table(df, figures_dir: str | Path, name: str, caption: str) -> list[Path]:
+    """figures_dir/name.md (caption + GitHub table) and name.tex (booktabs table, caption).
+
+    `df` holds display strings already (formatting is the caller's choice); its index is
+    dropped. Markdown goes through tabulate (pandas.to_markdown), LaTeX through pandas' Styler.
+    """
+    md = f"{caption}\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
+    esc = df.copy()
+    esc.columns = [latex_escape(str(c)) for c in esc.columns]
+    esc = esc.map(lambda v: latex_escape(str(v)))
+    tex = esc.style.hide(axis="index").to_latex(
+        caption=latex_escape(caption), label=f"tab:{name}", hrules=True, position="t",
+        column_format="l" + "r" * (len(esc.columns) - 1),
+    )
+    return [write_text(figures_dir, f"{name}.md", md), write_text(figures_dir, f"{name}.tex", tex)]
