@@ -39,7 +39,7 @@ def sg():
     try:
         return sglang_driver.import_sglang()
     except ImportError as exc:
-        pytest.skip(f"SGLang cannot be imported: {exc}; make the env with scripts/make_sglang_env.sh")
+        pytest.skip(f"SGLang cannot be imported: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,9 @@ torch 2.13.0 (scripts/make_sglang_env.sh). Two imports on the chain to
 * `import torchvision`: PyPI's torchvision wheel is built against CUDA torch; beside CPU
   torch its C++ extension does not load, so `torchvision::nms` is never defined and
   torchvision's own `register_fake("torchvision::nms")` raises "operator torchvision::nms
-  does not exist". Defining the `nms` / `qnms` op schemas first (empty, never called: the
-  radix cache does not use torchvision) lets the import finish.
+  does not exist". If torchvision's extension cannot load, defining the `nms` / `qnms` op
+  schemas first (no kernels, never called: the radix cache does not use torchvision) lets the
+  import finish; a torchvision built for this torch loads its own ops and is left alone.
 
 Never used by the GPU server path (repro.backends.sglang.server does not import this).
 Idempotent: a second `install()` is a no-op.
@@ -21,6 +22,7 @@ Idempotent: a second `install()` is a no-op.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import sys
@@ -31,7 +33,8 @@ _library = None  # keep the torch.library.Library alive: dropping it removes the
 
 def _load_sglang_platform_stubs():
     spec = importlib.util.find_spec("sglang")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None or spec.origin is None or not spec.submodule_search_locations:
+        # origin None: only a namespace package (e.g. the tests/sglang folder on sys.path)
         raise ImportError("sglang is not installed (make the env with scripts/make_sglang_env.sh)")
     path = os.path.join(list(spec.submodule_search_locations)[0], "_platform_stubs.py")
     name = "_repro_sglang_platform_stubs"
@@ -98,23 +101,21 @@ def _define_torchvision_ops() -> None:
     global _library
     if "torchvision" in sys.modules:
         return
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: nothing to fix
     import torch
 
-    if torch._C._dispatch_has_kernel("torchvision::nms") or _op_exists("nms"):
-        return
+    ext = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so"))
+    if ext:
+        try:
+            torch.ops.load_library(ext[0])
+            return  # a torchvision built for this torch: its real ops are registered now
+        except (OSError, RuntimeError):
+            pass  # built against CUDA torch: define the schemas torchvision's import expects
     _library = torch.library.Library("torchvision", "DEF")
     _library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-
-
-def _op_exists(name: str) -> bool:
-    import torch
-
-    try:
-        getattr(torch.ops.torchvision, name)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def install() -> None:
