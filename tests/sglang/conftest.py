@@ -1,6 +1,6 @@
 """Tests against SGLang 0.5.23's real RadixCache (marker `sglang`), run with the CPU env's python:
 
-    bash scripts/make_sglang_env.sh                       # once: .venv-sglang (~3-4 min from scratch)
+    bash scripts/make_sglang_env.sh                       # once: .venv-sglang (3.5-7.5 min from scratch)
     .venv-sglang/bin/python -m pytest -m sglang tests/sglang
 
 Outside that env SGLang cannot be imported and these tests are SKIPPED with the reason. Under
