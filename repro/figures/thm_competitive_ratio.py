@@ -21,9 +21,9 @@ import pandas as pd
 EXP = "thm_competitive_ratio"
 NAME = "thm_competitive_ratio"
 LABELS = {"lru": "L-LRU", "rlt": "RLT (mean, 95% CI)", "opt": "OPT"}
-PANELS = (
-    ("thm4", "(a) Theorem 4 construction", "B − L + 1"),
-    ("thm5", "(b) Theorem 5 construction (batched)", "B − L − β + 2"),
+PANELS = (  # (construction, title, x as mathtext)
+    ("thm4", "(a) Theorem 4 construction, single query", "B-L+1"),
+    ("thm5", "(b) Theorem 5 construction, batched", "B-L-\\beta+2"),
 )
 
 
@@ -43,6 +43,9 @@ def load(results_dir: str | Path) -> pd.DataFrame:
 
 
 def render(results_dir: str | Path = "results", figures_dir: str | Path = "figures") -> list[Path]:
+    import matplotlib
+    import matplotlib.ticker
+
     from repro.figures._style import apply_style, plt, save_figure
 
     df = load(results_dir)
@@ -57,9 +60,6 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     for ax, (cons, title, xlabel) in zip(axes[0], panels):
         d = df[df["construction"] == cons]
         xs = np.array(sorted(d["x"].unique()), dtype=float)
-        ax.plot(xs, xs, ls="--", color="0.55", lw=1, label=f"{xlabel} (L-LRU bound)")
-        ax.plot(xs, [sum(1.0 / i for i in range(1, int(x) + 1)) for x in xs], ls=":", color="0.3", lw=1.2,
-                label=f"H of {xlabel}")
         for pol in ("lru", "rlt", "opt"):
             p = d[d["policy"] == pol].sort_values("x")
             if p.empty:
@@ -67,11 +67,23 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
             ax.plot(p["x"], p["misses_per_phase"], marker="o", ms=3.5, lw=1.4, color=colors[pol], label=LABELS[pol])
             if pol == "rlt":
                 ax.fill_between(p["x"], p["ci95_low"], p["ci95_high"], color=colors[pol], alpha=0.25, lw=0)
+        # reference curves on top (the measured lines coincide with them)
+        ax.plot(xs, xs, ls="--", color="k", lw=0.9, zorder=5, label=f"${xlabel}$ (L-LRU bound)")
+        ax.plot(xs, [sum(1.0 / i for i in range(1, int(x) + 1)) for x in xs], ls=":", color="k", lw=1.1,
+                zorder=5, label=f"$H_{{{xlabel}}}$")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel(f"${xlabel}$")
         ax.set_ylabel("misses per phase (steady state)")
-        ax.set_title(title, fontsize=9)
+        params = ", ".join(
+            f"${sym}={int(d[col].iloc[0])}$"
+            for sym, col in (("L", "min_path_len"), ("\\beta", "beta"))
+            if d[col].nunique() == 1 and not (col == "beta" and cons == "thm4")
+        )
+        ax.set_title(f"{title} ({params})" if params else title, fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Misses per phase — single worker, replayer, token granularity", fontsize=10)
     fig.tight_layout()

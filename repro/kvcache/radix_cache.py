@@ -437,7 +437,9 @@ class RadixCache:
         Implemented in bulk with the same outcome: hits come first (prefix-closed cache),
         victims never depend on the locked new tokens, and an RLT phase reset found at the
         e-th evicted token splits the new run where the token-by-token model resets (the run
-        before it ends unmarked, the run after it marked).
+        before it ends unmarked, the run after it marked). Raises CapacityError if the
+        evictable tokens cannot make room (only possible when other paths are locked); the
+        path's cached prefix has then been accessed and evictable tokens evicted, nothing added.
         """
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         n = len(key) >> 2

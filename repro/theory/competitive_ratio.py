@@ -34,7 +34,7 @@ THM5_L, THM5_BETA = 2, 4
 def grid(quick: bool = False) -> list[dict]:
     xs = QUICK_X if quick else FULL_X
     num_phases = 5 if quick else 20
-    rlt_seeds = 4 if quick else 20
+    rlt_seeds = 4 if quick else 32
     cells = []
     for x in xs:
         for pol in ("lru", "rlt", "opt"):
@@ -44,12 +44,13 @@ def grid(quick: bool = False) -> list[dict]:
                 "num_phases": num_phases,
                 "num_seeds": rlt_seeds if pol == "rlt" else 1,
             }
-            # different seeds per panel: with one seed RLT's draws would map one-to-one
-            # onto both constructions (their candidate sets are isomorphic) and repeat
+            # one base seed per (panel, x): the same seeds everywhere would correlate RLT's
+            # errors across x, and map its draws one-to-one onto both constructions (their
+            # candidate sets are isomorphic)
             cells.append({"construction": "thm4", "b_minus_l_plus_1": x, "min_path_len": THM4_L, "beta": 1,
-                          "seed": 0, **common})
+                          "seed": x, **common})
             cells.append({"construction": "thm5", "b_minus_l_minus_beta_plus_2": x, "min_path_len": THM5_L,
-                          "beta": THM5_BETA, "seed": 1, **common})
+                          "beta": THM5_BETA, "seed": 100_000 + x, **common})
     return cells
 
 

@@ -203,8 +203,8 @@ def test_bulk_verbs_keep_invariants(ops, cap, policy, gran, seed):
                 got = cache.evict(need)
                 if gran == "token":
                     assert got == min(need, evictable)
-                else:
-                    assert got >= min(need, evictable) or got == evictable
+                else:  # whole nodes: at least `need`, unless everything evictable went
+                    assert got >= need or got == evictable
             if len(arg) - m.length > cache.free_tokens():
                 cache.dec_lock_ref(m.last_node)  # does not fit next to the running requests
                 continue
