@@ -10,7 +10,6 @@ requested, so request j misses with probability 1/s, s = K..2. Expected misses p
 
 import json
 
-import numpy as np
 import pytest
 
 from repro.kvcache.replay import replay
