@@ -64,12 +64,31 @@ def pending_cells(exp: str, results_dir: Path) -> int | None:
     return None
 
 
-def run_missing(names, results_dir: Path) -> list[str]:
+# Experiments with a runner of their own, used while conf/exp/<exp>.yaml does not exist (it
+# skips finished cells itself, like the harness).
+STANDALONE = {"thm_competitive_ratio": "repro.theory.competitive_ratio"}
+
+
+def _standalone_run(exp: str, results_dir: Path, figures_dir: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", STANDALONE[exp], "--results-dir", str(results_dir), "--figures-dir", str(figures_dir)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def run_missing(names, results_dir: Path, figures_dir: Path | None = None) -> list[str]:
     """Run what is missing; returns the problems (experiment: reason)."""
     problems = []
     for name in names:
         exp = experiment_of(name)
+        t0 = time.perf_counter()
         if not (CONF_EXP / f"{exp}.yaml").is_file():
+            if exp in STANDALONE:
+                log(f"[run] {exp}: no conf/exp/{exp}.yaml, running `python -m {STANDALONE[exp]}`")
+                proc = _standalone_run(exp, results_dir, figures_dir or Path("figures"))
+                log(f"[run] {exp}: exit {proc.returncode} after {time.perf_counter() - t0:.0f} s wall")
+                if proc.returncode != 0:
+                    problems.append(f"{exp}: `python -m {STANDALONE[exp]}` exited {proc.returncode}: "
+                                    f"{proc.stderr.strip().splitlines()[-1:] or ''}")
+                continue
             problems.append(f"{exp}: conf/exp/{exp}.yaml does not exist (experiment not defined yet)")
             log(f"[run] {exp}: no conf/exp/{exp}.yaml — skipped")
             continue
@@ -78,10 +97,8 @@ def run_missing(names, results_dir: Path) -> list[str]:
             log(f"[run] {exp}: complete")
             continue
         log(f"[run] {exp}: {'all cells' if todo in (-1, None) else f'{todo} cell(s)'} to run")
-        t0 = time.perf_counter()
         proc = _repro_run(exp, results_dir)
-        dt = time.perf_counter() - t0
-        log(f"[run] {exp}: exit {proc.returncode} after {dt:.0f} s wall")
+        log(f"[run] {exp}: exit {proc.returncode} after {time.perf_counter() - t0:.0f} s wall")
         if proc.returncode != 0:
             problems.append(f"{exp}: `python -m repro.run +exp={exp}` exited {proc.returncode}")
     return problems
@@ -185,7 +202,7 @@ def main(argv=None) -> int:
         with memoized_loads():
             return check(results_dir, figures_dir, reproduce_md)
     t0 = time.perf_counter()
-    problems = run_missing(names, results_dir) if a.run_missing else []
+    problems = run_missing(names, results_dir, figures_dir) if a.run_missing else []
     t_run = time.perf_counter() - t0
     with memoized_loads():  # results/ does not change from here on
         problems += render(names, results_dir, figures_dir)

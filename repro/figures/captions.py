@@ -32,7 +32,10 @@ def _truthy(df: pd.DataFrame, col: str) -> pd.Series:
 
 
 def backends(df: pd.DataFrame) -> list[str]:
-    return [str(b) for b in (_unique(df, "prov.backend") or _unique(df, "backend.name"))]
+    found = _unique(df, "prov.backend") or _unique(df, "backend.name")
+    if not found and any(str(c).startswith("repro.theory") for c in _unique(df, "prov.code")):
+        found = ["theory"]  # cells written by python -m repro.theory.competitive_ratio
+    return [str(b) for b in found]
 
 
 def model_gpu(df: pd.DataFrame) -> str:

@@ -152,8 +152,10 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
         for k, v in summary.items():
             if k == "provenance":
                 continue
-            if k in row:
-                raise ResultsError(f"{summary_path}: summary key {k!r} collides with a config field")
+            if k in row:  # theory cells repeat their parameters in the summary: fine if equal
+                if _key(row[k]) != _key(_plain(v)):
+                    raise ResultsError(f"{summary_path}: summary {k}={v!r} contradicts config.yaml ({row[k]!r})")
+                continue
             row[k] = _plain(v)
             summary_cols.add(k)
         row.update(flatten(summary.get("provenance") or {}, "prov."))
@@ -175,7 +177,8 @@ def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
 
     eviction_ms_per_query = eviction CPU time / requests; routing_ms_per_query = (routing
     decisions + completion callbacks, where LBGR learns) / requests. NaN where a backend did
-    not measure them. Machine-dependent: measured on whatever ran the cell.
+    not measure them. Machine-dependent: measured on whatever ran the cell. cpu_s = the cell's
+    backend time in seconds.
     """
     attrs = dict(df.attrs)
     df = df.copy()
@@ -189,7 +192,9 @@ def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
     routing = col("timings.backend.routing.total_s")
     callbacks = col("timings.backend.completion_callback.total_s").fillna(0.0)
     df["routing_ms_per_query"] = (routing + callbacks) / n * 1e3
-    df["cpu_s"] = col("timings.harness.backend_wall_s")
+    # backend wall time of the cell: the harness's, else what a standalone runner recorded
+    # (repro.theory.competitive_ratio writes cpu_s / wall_s at the top of timings.json)
+    df["cpu_s"] = col("timings.harness.backend_wall_s").fillna(col("timings.cpu_s")).fillna(col("timings.wall_s"))
     return df
 
 

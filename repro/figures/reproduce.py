@@ -112,9 +112,14 @@ def thm_caption(results_dir: str | Path) -> str:
     df = load_cells(results_dir, "thm_competitive_ratio")
     text = ("Theorems 4-7 on one worker: steady-state misses per phase of L-LRU, RLT and OPT on the lower-bound "
             "constructions (trace replayer, token granularity), against B − L + 1 (L-LRU's bound) and the harmonic "
-            "number (RLT's expectation).")
+            "number H (RLT's expectation).")
     if len(df):
-        text += " " + captions.provenance_caption(df, [])
+        b = captions.backends(df)
+        text += " Backend: " + ", ".join(captions.BACKEND_WORDS.get(x, x) for x in b) + "." if b else ""
+        if "num_runs" in df and "policy" in df:
+            runs = sorted(set(int(n) for n in df.loc[df["policy"] == "rlt", "num_runs"]))
+            if runs:
+                text += f" RLT: mean of {', '.join(map(str, runs))} seeded runs per point, band = 95 % CI."
     return text
 
 

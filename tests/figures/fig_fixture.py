@@ -227,22 +227,23 @@ def make_results(root: str | Path, exps=PERF_EXPS, theory: bool = True, small: b
 
 
 def make_theory(root: Path) -> None:
-    """Summaries in repro.theory's format (Theorem 4 construction): L-LRU = x, RLT ~ H_x, OPT = 1."""
+    """Cells as `python -m repro.theory.competitive_ratio` writes them (flat params as config.yaml,
+    cpu_s / wall_s timings), Theorem 4 construction: L-LRU = x, RLT ~ H_x, OPT = 1."""
     i = 0
     for x in (4, 16, 64):
         h = float(sum(1.0 / k for k in range(1, x + 1)))
         for policy, mpp in (("lru", float(x)), ("rlt", h * 1.05), ("opt", 1.0)):
-            cfg = {"backend": {"name": "theory"}, "exp_name": "thm_competitive_ratio", "seed": 0,
-                   "theory": {"construction": "thm4", "policy": policy, "b_minus_l_plus_1": x, "min_path_len": 8}}
+            params = {"b_minus_l_plus_1": x, "beta": 1, "construction": "thm4", "granularity": "token",
+                      "min_path_len": 8, "num_phases": 20, "num_seeds": 8 if policy == "rlt" else 1,
+                      "policy": policy, "seed": x}
             summary = {
                 "construction": "thm4", "policy": policy, "granularity": "token", "x": x, "lru_bound": x,
                 "harmonic": h, "opt_bound": 1, "misses_per_phase": mpp, "ci95_low": mpp - 0.1,
                 "ci95_high": mpp + 0.1, "num_runs": 8 if policy == "rlt" else 1, "phases_measured": 20,
-                "capacity_tokens": x + 7, "min_path_len": 8, "beta": 1,
-                "provenance": {"backend": "theory", "seed": 0},
+                "capacity_tokens": x + 7, "min_path_len": 8, "beta": 1, "params": params,
+                "provenance": {"code": "repro.theory.competitive_ratio", "model": "single worker, replayer"},
             }
-            write_cell(root, "thm_competitive_ratio", f"thm{i:04d}", cfg, summary,
-                       {"backend": {"wall_s": 0.1}, "harness": {"backend_wall_s": 0.1}})
+            write_cell(root, "thm_competitive_ratio", f"thm{i:04d}", params, summary, {"cpu_s": 0.1, "wall_s": 0.12})
             i += 1
 
 

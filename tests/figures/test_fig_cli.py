@@ -34,8 +34,12 @@ def test_run_missing_runs_only_what_is_missing(results_copy, tmp_path, monkeypat
         return subprocess.CompletedProcess([], 0, stdout=out, stderr="")
 
     monkeypatch.setattr(cli, "_repro_run", fake_run)
-    problems = cli.run_missing(["fig4_order", "fig5_request_rate", "fig6_workers"], results_copy)
-    assert calls == [("fig4_order", ("--dry-run",)), ("fig5_request_rate", ())]
+    monkeypatch.setattr(cli, "_standalone_run", lambda exp, r, f: calls.append((exp, "standalone")) or
+                        subprocess.CompletedProcess([], 0, stdout="", stderr=""))
+    problems = cli.run_missing(["fig4_order", "fig5_request_rate", "fig6_workers", "thm_competitive_ratio"],
+                               results_copy)
+    assert calls == [("fig4_order", ("--dry-run",)), ("fig5_request_rate", ()),
+                     ("thm_competitive_ratio", "standalone")]  # no conf/exp yet: its own runner
     assert problems == ["fig6_workers: conf/exp/fig6_workers.yaml does not exist (experiment not defined yet)"]
 
 
