@@ -78,8 +78,12 @@ def data_text(df: pd.DataFrame) -> list[str]:
         out.append("SYNTHETIC stand-in data (not the real dataset) for: " + ", ".join(map(str, wl)))
     trunc = df[_truthy(df, "prov.workload.file_truncated")]
     if len(trunc):
-        rows = _unique(trunc, "prov.workload.rows_read")
-        n = f"its first {int(rows[0]):,} conversations" if len(rows) == 1 else "the conversations before the cut"
+        # rows_read counts the record cut in half too (it is one of malformed_rows)
+        complete = {int(r) - int(m or 0) for r, m in zip(trunc.get("prov.workload.rows_read", []),
+                                                         trunc.get("prov.workload.malformed_rows", [0] * len(trunc)))
+                    if r == r and r is not None}
+        n = f"its first {complete.pop():,} complete conversations" if len(complete) == 1 else \
+            "the complete conversations before the cut"
         out.append(f"ShareGPT: the packaged file is cut at ~120 MB; results use {n}")
     tok = _unique(df, "prov.workload.tokenizer.kind")
     if tok:

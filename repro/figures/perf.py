@@ -43,6 +43,15 @@ def metric_values(metric: str, values):
     return np.asarray(values, dtype=float) * (100.0 if metric in PERCENT_METRICS else 1.0)
 
 
+LOG_SPAN = 20.0  # a time panel gets a log axis when its values span more than this factor
+
+
+def wide_range(part: pd.DataFrame, metric: str) -> bool:
+    vals = part[metric].to_numpy(dtype=float)
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    return len(vals) > 1 and vals.max() / vals.min() > LOG_SPAN
+
+
 def log_axis(ax) -> None:
     """Log y axis labelled 0.1, 0.2, 0.5, 1, 2, 5 ... in plain numbers."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
@@ -118,8 +127,9 @@ class PerfFigure:
                 parts.append(extra)
         if self.notes:
             parts.append(self.notes)
-        parts.append("Latency and TTFT axes are logarithmic." if self.kind == "bars" else
-                     "Latency and TTFT axes are logarithmic; error bands ± SD over seeds where there are several.")
+        parts.append(f"Latency and TTFT panels whose values span more than {LOG_SPAN:g}x have a logarithmic axis, "
+                     "the others a linear one" + (" from 0." if self.kind == "bars" else
+                                                 "; bands are ± SD over seeds where there are several."))
         return " ".join(parts)
 
     # -- drawing ------------------------------------------------------------------------
@@ -150,8 +160,10 @@ class PerfFigure:
                     self._sweep(ax, part, metric, systems, colors)
                 ax.set_title(METRIC_LABELS[metric] if r == 0 else "")
                 ax.set_ylabel(row_label if c == 0 and n_rows > 1 else "", fontweight="bold")
-                if metric in LOG_METRICS:
+                if metric in LOG_METRICS and wide_range(part, metric):
                     log_axis(ax)
+                    if self.kind == "bars":  # room under the shortest bar
+                        ax.set_ylim(bottom=float(np.nanmin(part[metric].to_numpy(dtype=float))) / 3)
         reference = {s for s in systems if self.kind == "sweep" and agg.loc[agg[SYSTEM] == s, self.x].isna().all()}
         handles = [
             Patch(facecolor=colors[s], label=s) if self.kind == "bars" else

@@ -61,6 +61,18 @@ def outputs(name: str) -> list[str]:
     return [f"{name}.png", f"{name}.pdf", f"{name}.csv"]
 
 
+def title(name: str) -> str:
+    """The artefact's title without its 'Figure N: ' prefix."""
+    try:
+        mod = artefact(name)
+    except ArtefactUnavailable:
+        return ""
+    text = mod.FIGURE.title if hasattr(mod, "FIGURE") else getattr(mod, "TITLE", "")
+    if name == "thm_competitive_ratio":
+        return "Theorems 4-7 on the replayer: misses per phase of L-LRU, RLT, OPT"
+    return text.split(": ", 1)[1] if ": " in text else text
+
+
 def _seconds(v: float) -> str:
     if v != v or v <= 0:
         return "n/a"
@@ -85,6 +97,7 @@ def figures_table(results_dir: str | Path, claims_table: pd.DataFrame) -> str:
         backend = ", ".join(captions.backends(df)) if len(df) else "—"
         rows.append({
             "Artefact": name,
+            "What": title(name),
             "Run": f"`python -m repro.run +exp={exp}`",
             "Backend": backend,
             "Cells": cells,

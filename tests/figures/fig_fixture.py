@@ -177,7 +177,7 @@ def provenance(exp: str, c: dict, cfg: dict) -> dict:
         "tokenizer": {"kind": "builtin", "name": "builtin-words-v1", "vocab_size": 65536},
     }
     if wl == "sharegpt":
-        wprov.update(file_truncated=True, rows_read=17671)
+        wprov.update(file_truncated=True, rows_read=17672, malformed_rows=1)  # the cut record is malformed
     return {
         "backend": "sim",
         "gpu": cfg["hardware"]["name"],

@@ -93,7 +93,7 @@ def test_mean_of_per_benchmark_ratios_not_ratio_of_means():
     })
 
     class R:
-        def perf(self, name):
+        def perf(self, name, where=None):
             return agg
 
     f = claims.mean_ratio("x", "CacheAware+LRU", "LBGR+RLT", "latency_p50_s", 3.0)(R())

@@ -69,7 +69,7 @@ def test_captions_carry_data_provenance(rendered):
     _, figures, _ = rendered
     fig2 = (figures / "fig2_main.caption.txt").read_text()
     assert "mean ± SD over seeds 0, 1" in fig2
-    assert "first 17,671 conversations" in fig2  # ShareGPT truncation note
+    assert "first 17,671 complete conversations" in fig2  # ShareGPT truncation note
     fig4 = (figures / "fig4_order.caption.txt").read_text()
     assert "SYNTHETIC stand-in data" in fig4 and "loogle" in fig4  # the fixture's LooGLE is a stand-in
     fig3 = (figures / "fig3_models.caption.txt").read_text()
