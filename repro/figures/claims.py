@@ -16,6 +16,8 @@ Definitions (stated in REPRODUCE.md too):
   way and is within a factor 2 of the paper's number (ratios: our improvement factor; percent:
   our change), "partly" if it only points the same way, else "not reproduced". Overheads
   ("RLT adds only 0.58 ms"): "reproduced" if our added overhead is at most twice the paper's.
+- Only the paper's six systems take part in comparisons (extra rows such as Dynamo or llm-d are
+  drawn but not judged).
 - Comparisons: lower latency / TTFT is strictly lower; a higher hit rate is strictly higher;
   throughput counts as "highest" / "not worse" within TPUT_TIE (0.5 %), because every system
   that keeps up runs at the offered load and differs only by the makespan's tail.
@@ -214,7 +216,7 @@ def lowest(name: str, system: str, metrics: Iterable[str], x: str | None = None,
         for label, g in points(agg, x):
             if not (g[SYSTEM] == system).any():
                 continue
-            others = [s for s in g[SYSTEM] if s != system and (against is None or s in against)]
+            others = [s for s in g[SYSTEM] if s != system and s in (against or PAPER_SYSTEMS)]
             for m in metrics:
                 mine = value(g, system, m)
                 losers = [s for s in others if not better(m, mine, value(g, s, m))]
@@ -243,6 +245,7 @@ def best_is_ours(name: str, metrics: Iterable[str], x: str):
         agg = r.perf(name)
         checks = []
         for label, g in points(agg, x):
+            g = g[g[SYSTEM].isin(PAPER_SYSTEMS)]  # extra comparison rows (Dynamo, llm-d, ...) are not the paper's
             for m in metrics:
                 col = g[m].to_numpy(dtype=float)
                 i = int(np.argmax(col) if m in HIGHER else np.argmin(col))
