@@ -123,6 +123,8 @@ class RequestTable:
         "prefilled",
         "lock_node",
         "est_hit",
+        "peek_len",
+        "peek_version",
     )
 
     def __init__(self, requests: Sequence["Request"]):
@@ -143,6 +145,8 @@ class RequestTable:
         self.prefilled = [0] * n  # of compute_len, done so far (chunked prefill)
         self.lock_node: list[Any] = [None] * n
         self.est_hit = [0] * n  # hit estimate while waiting (for waiting_prefill_tokens)
+        self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
+        self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
 
     def full_key(self, i: int) -> bytes:
         """Key of the complete path prompt || generated."""
@@ -256,6 +260,9 @@ class SimWorker:
         self._finish_at: dict[int, list[int]] = {}  # decode step number -> requests finishing then
         self.busy = False
         self._batch: list[tuple[int, int]] | None = None  # current prefill batch, None = decode
+        # Bumped by every insert / evict (the only calls that change prefix lengths), so a
+        # queued request's peek_prefix is recomputed only after the tree changed.
+        self.tree_version = 0
 
     # ------------------------------------------------------------------ router-visible state
     @property
@@ -285,12 +292,19 @@ class SimWorker:
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
         t = self.table
-        h = self._computed_hit(i, self.cache.peek_prefix(t.prompt_key[i]))
+        h = self._computed_hit(i, self._peek(i))
         t.est_hit[i] = h
         self._waiting_prefill += t.prompt_len[i] - h
         self.waiting.append(i)
 
     # ------------------------------------------------------------------ hits
+    def _peek(self, i: int) -> int:
+        t = self.table
+        if t.peek_version[i] != self.tree_version:
+            t.peek_len[i] = self.cache.peek_prefix(t.prompt_key[i])
+            t.peek_version[i] = self.tree_version
+        return t.peek_len[i]
+
     def _computed_hit(self, i: int, p: int) -> int:
         """Cap a tree match `p` at the first token whose KV is not computed yet.
 
@@ -310,13 +324,11 @@ class SimWorker:
         w = self.waiting
         if not self.lpm or len(w) < 2 or len(w) > self.lpm_max_queue:
             return w
-        t = self.table
-        peek = self.cache.peek_prefix
-        est = t.est_hit
+        est = self.table.est_hit
         delta = 0
         hits = []
         for i in w:
-            h = self._computed_hit(i, peek(t.prompt_key[i]))
+            h = self._computed_hit(i, self._peek(i))
             delta += est[i] - h
             est[i] = h
             hits.append(h)
@@ -351,6 +363,7 @@ class SimWorker:
                 cache.dec_lock_ref(node)
                 return False
             tm = self.timings
+            self.tree_version += 1
             t0 = perf_counter_ns()
             evicted = cache.evict(need - free)
             tm.evict_ns += perf_counter_ns() - t0
@@ -364,11 +377,13 @@ class SimWorker:
             cache.dec_lock_ref(node)
             t.lock_node[i] = ins.last_node
             self.reserved_tokens += out
+            self.tree_version += 1
             return True
         ins = cache.insert(key)
         cache.inc_lock_ref(ins.last_node)
         t.lock_node[i] = ins.last_node
         self.reserved_tokens += out
+        self.tree_version += 1
         return True
 
     def _form_prefill_batch(self) -> tuple[list[tuple[int, int]], list[int], int, float]:
@@ -391,13 +406,12 @@ class SimWorker:
             rem_chunk -= n
             rem_input -= n
         if self.waiting and rem_chunk > 0 and rem_input > 0 and len(batch) < slots:
-            peek = self.cache.peek_prefix
             pending = self.pending
             for i in self._ranked_waiting():
                 if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
                 plen = t.prompt_len[i]
-                p = peek(t.prompt_key[i])
+                p = self._peek(i)
                 h = self._computed_hit(i, p)
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0
@@ -520,6 +534,7 @@ class SimWorker:
         out = t.output_len[i]
         self.reserved_tokens -= out  # the reservation becomes the generated path's room
         self.cache.insert(t.full_key(i))
+        self.tree_version += 1
         self.cache.dec_lock_ref(t.lock_node[i])
         t.lock_node[i] = None
         t.finish_s[i] = now
