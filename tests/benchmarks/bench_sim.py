@@ -21,6 +21,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -106,18 +107,20 @@ def gsp_fallback(n_queries: int, seed: int):
 
 
 def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
-    """(requests, cost_model, make_cache(capacity, seed), router factory, capacity, description)."""
+    """The cell's parts: requests, cost model, cache and router factories, capacity, seeds, what was used."""
     plan = SeedPlan.spawn(seed, 4)
     used = {}
+    conf = Path(__file__).resolve().parents[2] / "conf"
     try:
-        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
 
         import repro.workloads as workloads
 
-        with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"workload.num_queries={n_queries}"])
-        reqs = workloads.build_workload(cfg.workload, plan.workload).requests
-        used["workload"] = "repro.workloads"
+        wcfg = OmegaConf.load(conf / "workload" / "gsp.yaml")
+        wcfg.num_queries = n_queries
+        wcfg.system_prompt_len_range = None  # fixed 2048-token system prompts
+        reqs = workloads.build_workload(wcfg, plan.workload).requests
+        used["workload"] = "repro.workloads (conf/workload/gsp.yaml, 2048-token system prompts)"
     except Exception as e:  # not landed yet
         reqs = gsp_fallback(n_queries, plan.workload)
         used["workload"] = f"fake GSP ({type(e).__name__})"
@@ -126,7 +129,6 @@ def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
 
         import repro.costmodel as costmodel
 
-        conf = Path(__file__).resolve().parents[2] / "conf"
         model = OmegaConf.load(conf / "model" / "llama31_8b.yaml")
         hw = OmegaConf.load(conf / "hardware" / "l40.yaml")
         cost = costmodel.StepCostModel.from_config(model, hw)
@@ -150,23 +152,23 @@ def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
         import hydra.utils
         from omegaconf import OmegaConf
 
-        rcfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "router" / f"{router_name}.yaml")
+        rcfg = OmegaConf.load(conf / "router" / f"{router_name}.yaml")
         make_router = lambda: hydra.utils.instantiate(rcfg)  # noqa: E731
         make_router()
         used["router"] = f"conf/router/{router_name}.yaml"
     except Exception as e:
         make_router = sim_fakes.RandomRouter
         used["router"] = f"fake random ({type(e).__name__})"
-    return reqs, cost, make_cache, make_router, capacity, plan, used
+    return SimpleNamespace(requests=reqs, cost=cost, make_cache=make_cache, make_router=make_router,
+                           capacity=capacity, plan=plan, eviction=eviction, used=used)
 
 
 def run_once(parts, profile: bool = False, constant_cache: bool = False):
-    reqs, cost, make_cache, make_router, capacity, plan, _ = parts
-    if constant_cache:
-        make_cache = lambda cap, s: ConstantTimeCache(cap)  # noqa: E731
+    make_cache = (lambda cap, s: ConstantTimeCache(cap)) if constant_cache else parts.make_cache
     cache_ns = [0]
-    caches = [TimedCache(make_cache(capacity, s), cache_ns) for s in plan.workers]
-    sim = SimCluster(reqs, caches, cost, make_router(), SchedulerConfig(), "lru", plan.router)
+    caches = [TimedCache(make_cache(parts.capacity, s), cache_ns) for s in parts.plan.workers]
+    reqs = parts.requests
+    sim = SimCluster(reqs, caches, parts.cost, parts.make_router(), SchedulerConfig(), parts.eviction, parts.plan.router)
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     if prof:
@@ -202,15 +204,15 @@ def main() -> None:
     systems = [("lbgr_rlt", "rlt"), ("cache_aware_lru", "lru")]
     for router_name, eviction in systems:
         parts = build_parts(args.queries, args.seed, router_name, eviction)
-        print(f"\n== {router_name}: " + "; ".join(f"{k}: {v}" for k, v in parts[-1].items()))
+        print(f"\n== {router_name}: " + "; ".join(f"{k}: {v}" for k, v in parts.used.items()))
         runs = [run_once(parts) for _ in range(args.repeat)]
         best = min(runs, key=lambda r: r["wall_s"])
-        print(f"  {len(parts[0])} requests, {best['steps']} steps, hit rate {best['hit_rate']:.3f}, "
+        print(f"  {len(parts.requests)} requests, {best['steps']} steps, hit rate {best['hit_rate']:.3f}, "
               f"simulated makespan {best['makespan_s']:.1f} s")
         for r in runs:
             print(f"  wall {r['wall_s']:.3f} s = cache {r['cache_s']:.3f} + router {r['router_s']:.3f} "
                   f"+ simulator {r['sim_s']:.3f}  ->  {r['rps']:,.0f} req/s")
-        sim_only = len(parts[0]) / best["sim_s"]
+        sim_only = len(parts.requests) / best["sim_s"]
         print(f"  best: {best['rps']:,.0f} simulated req/s = {best['rps'] / TARGET_RPS:.2f} x target {TARGET_RPS:,.0f}; "
               f"simulator alone (excl. cache + router calls): {sim_only:,.0f} req/s = {sim_only / TARGET_RPS:.2f} x target; "
               f"simulator share of wall time {best['sim_s'] / best['wall_s']:.0%}")
