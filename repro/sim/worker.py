@@ -283,12 +283,6 @@ class SimWorker:
     def kv_used_tokens(self) -> int:
         return int(self.cache.total_size()) + self.live_generated
 
-    def peek_prefix(self, tokens: Any) -> int:
-        return self.cache.peek_prefix(tokens)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting) or self.chunked >= 0 or self.n_running > 0
-
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
         t = self.table
@@ -347,7 +341,8 @@ class SimWorker:
         plen = t.prompt_len[i]
         need = plen - p + out
         free = self.capacity - cache.total_size() - self.reserved_tokens
-        if need <= free:  # no eviction: nothing to protect in between
+        matched_node = None
+        if need <= free:  # no eviction, so nothing to protect until the prompt's own lock
             cache.match_prefix(key)
         else:
             evictable = cache.evictable_size()
@@ -356,35 +351,33 @@ class SimWorker:
             # Locking the matched prefix removes up to p of its tokens from `evictable`.
             unsure = need > free + evictable - p
             m = cache.match_prefix(key)
-            node = m.last_node
-            cache.inc_lock_ref(node)
+            matched_node = m.last_node
+            cache.inc_lock_ref(matched_node)
             need = plen - m.length + out
             if unsure and need > free + cache.evictable_size():
-                cache.dec_lock_ref(node)
+                cache.dec_lock_ref(matched_node)
                 return False
-            tm = self.timings
-            self.tree_version += 1
-            t0 = perf_counter_ns()
-            evicted = cache.evict(need - free)
-            tm.evict_ns += perf_counter_ns() - t0
-            tm.evict_calls += 1
-            tm.evicted_tokens += evicted
+            self._evict(need - free)
             free = self.capacity - cache.total_size() - self.reserved_tokens
             if need > free:  # the kvcache broke its evict contract
                 raise RuntimeError(f"worker {self.worker_id}: after evict() {free} tokens are free, {need} needed")
-            ins = cache.insert(key)
-            cache.inc_lock_ref(ins.last_node)
-            cache.dec_lock_ref(node)
-            t.lock_node[i] = ins.last_node
-            self.reserved_tokens += out
-            self.tree_version += 1
-            return True
         ins = cache.insert(key)
         cache.inc_lock_ref(ins.last_node)
+        if matched_node is not None:
+            cache.dec_lock_ref(matched_node)
         t.lock_node[i] = ins.last_node
         self.reserved_tokens += out
         self.tree_version += 1
         return True
+
+    def _evict(self, num_tokens: int) -> None:
+        self.tree_version += 1
+        tm = self.timings
+        t0 = perf_counter_ns()
+        evicted = self.cache.evict(num_tokens)
+        tm.evict_ns += perf_counter_ns() - t0
+        tm.evict_calls += 1
+        tm.evicted_tokens += evicted
 
     def _form_prefill_batch(self) -> tuple[list[tuple[int, int]], list[int], int, float]:
         t = self.table
@@ -554,8 +547,7 @@ class SimWorkerView:
 
     @property
     def in_flight(self) -> int:
-        w = self._w
-        return len(w.waiting) + w.n_admitted
+        return self._w.in_flight
 
     @property
     def waiting(self) -> int:

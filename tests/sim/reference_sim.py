@@ -53,13 +53,36 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
     W = [_Worker(c) for c in caches]
     chunk = sched.chunk_limit
 
-    class View:  # only what the test routers read
+    class View:  # the router-visible state, recomputed from scratch on every read
         def __init__(self, k):
             self.worker_id = k
 
+        def _mine(self, *phases):
+            return [q for q in R if q.worker == self.worker_id and q.phase in phases]
+
+        @property
+        def waiting(self):
+            return len(self._mine("waiting"))
+
+        @property
+        def running(self):
+            return len(self._mine("running"))
+
         @property
         def in_flight(self):
-            return sum(1 for q in R if q.worker == self.worker_id and q.phase in ("waiting", "prefill", "running"))
+            return len(self._mine("waiting", "prefill", "running"))
+
+        @property
+        def active_kv_tokens(self):
+            return sum(len(q.prompt) + q.generated for q in self._mine("prefill", "running"))
+
+        @property
+        def kv_used_tokens(self):
+            return W[self.worker_id].cache.total_size() + sum(q.generated for q in self._mine("running"))
+
+        @property
+        def kv_capacity_tokens(self):
+            return W[self.worker_id].cache.capacity_tokens
 
     views = [View(k) for k in range(len(W))]
     router.reset(views, router_seed)

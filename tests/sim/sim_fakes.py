@@ -242,6 +242,26 @@ class LeastLoadedRouter(Router):
         return int(np.argmin(loads))
 
 
+class ViewRecorder(Router):
+    """Wraps a router; records what every worker view shows at each routing decision."""
+
+    FIELDS = ("in_flight", "waiting", "running", "active_kv_tokens", "kv_used_tokens", "kv_capacity_tokens")
+
+    def __init__(self, inner: Router):
+        self.inner = inner
+        self.seen: list[tuple] = []
+
+    def reset(self, workers, seed):
+        self.inner.reset(workers, seed)
+
+    def select_worker(self, request, workers, now_s):
+        self.seen.append(tuple(tuple(getattr(v, f) for f in self.FIELDS) for v in workers))
+        return self.inner.select_worker(request, workers, now_s)
+
+    def on_request_complete(self, *args):
+        self.inner.on_request_complete(*args)
+
+
 def make_request(rid, arrival_s, prompt, output_len=1, group=0, generated=None) -> Request:
     prompt = np.asarray(prompt, dtype=np.int32)
     if generated is None:

@@ -20,6 +20,7 @@ from tests.sim.sim_fakes import (
     RandomRouter,
     RoundRobinRouter,
     TrieCache,
+    ViewRecorder,
     gsp_requests,
 )
 
@@ -77,6 +78,11 @@ class Auditor:
         assert len(live) == w.n_admitted
         for i in live:
             assert cache.peek_prefix(t.prompt_key[i]) == t.prompt_len[i]
+        # the router's prefill-backlog estimate stays within [0, all uncomputed prompt tokens]
+        backlog = sum(t.prompt_len[i] for i in w.waiting)
+        if w.chunked >= 0:
+            backlog += t.compute_len[w.chunked] - t.prefilled[w.chunked]
+        assert 0 <= w.waiting_prefill_tokens <= backlog
         if event == "end":
             self.finished.extend(info)
             return
@@ -126,11 +132,19 @@ def test_invariants_on_random_cells(cell):
     assert (rec["first_token_s"] <= rec["finish_s"]).all()
     assert ((rec["cached_tokens"] >= 0) & (rec["cached_tokens"] <= rec["prompt_tokens"])).all()
     assert rec["worker"].between(0, len(caps) - 1).all()
-    # the slow reference, from fresh caches and a fresh router, gives identical records
-    ref = reference_simulate(reqs, [TrieCache(c) for c in caps], cost, router_cls(), sched, seed)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cells())
+def test_fast_simulator_matches_the_reference_records_and_views(cell):
+    """Identical records, and identical router-visible worker state at every decision."""
+    reqs, caps, sched, cost, router_cls, seed = cell
+    fast_router, ref_router = ViewRecorder(router_cls()), ViewRecorder(router_cls())
+    rec = SimCluster(reqs, [TrieCache(c) for c in caps], cost, fast_router, sched, "lru", seed).run().records
+    ref = reference_simulate(reqs, [TrieCache(c) for c in caps], cost, ref_router, sched, seed)
     for column, want in ref.items():
-        got = rec[column].to_numpy()
-        assert np.array_equal(got, np.asarray(want)), column
+        assert np.array_equal(rec[column].to_numpy(), np.asarray(want)), column
+    assert fast_router.seen == ref_router.seen
 
 
 @settings(max_examples=15, deadline=None)
