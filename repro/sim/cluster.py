@@ -133,10 +133,11 @@ class SimCluster:
         table, workers, views, router, tm = self.table, self.workers, self.views, self.router, self.timings
         router.reset(views, self.router_seed)
         select, complete = router.select_worker, router.on_request_complete
-        reqs, arrival = table.requests, table.arrival_s
+        reqs = table.requests
         n = table.n
         m = len(workers)
         inf = math.inf
+        arrival = table.arrival_s + [inf]  # sentinel: no bounds checks in the loop
         heap: list[tuple[float, int, int]] = []
         seq = 0
         ai = 0
@@ -145,7 +146,7 @@ class SimCluster:
         next_report = report_every
         kick: list[int] = []
         while True:
-            ta = arrival[ai] if ai < n else inf
+            ta = arrival[ai]
             if heap and heap[0][0] <= ta:
                 now, _, w = heappop(heap)
                 done = workers[w].end_step(now)
@@ -162,7 +163,7 @@ class SimCluster:
                         progress(n_done / n)
                         next_report = n_done + report_every
                 kick.append(w)
-            elif ai < n:
+            elif ta < inf:
                 now = ta
                 i = ai
                 ai += 1
@@ -182,7 +183,7 @@ class SimCluster:
             else:
                 break
             if kick:
-                nt = arrival[ai] if ai < n else inf
+                nt = arrival[ai]
                 if heap and heap[0][0] < nt:
                     nt = heap[0][0]
                 if nt > now:  # every event at `now` is applied: idle workers start their steps

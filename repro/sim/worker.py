@@ -441,24 +441,25 @@ class SimWorker:
     # ------------------------------------------------------------------ steps
     def start_step(self, now: float) -> float:
         """Start the next step at `now`; its duration in seconds, or -1.0 if idle."""
+        batch = None
         if self.waiting or self.chunked >= 0:
             batch, admitted, tokens, attn = self._form_prefill_batch()
-            if batch:
-                self._batch = batch
-                self.prefill_steps += 1
-                dur = self._step_time_s(tokens, attn, 0, 0)
-                return self._started(now, dur, batch, admitted, tokens, attn, 0, 0)
-        if self.n_running:
+        if batch:
+            self._batch = batch
+            self.prefill_steps += 1
+            decode_batch = context = 0
+            dur = self._step_time_s(tokens, attn, 0, 0)
+        elif self.n_running:
             self._batch = None
-            dur = self._step_time_s(0, 0.0, self.n_running, self.context_tokens)
-            return self._started(now, dur, (), (), 0, 0.0, self.n_running, self.context_tokens)
-        return -1.0
-
-    def _started(self, now: float, dur: float, batch, admitted, tokens, attn, decode_batch, context) -> float:
+            batch, admitted, tokens, attn = (), (), 0, 0.0
+            decode_batch, context = self.n_running, self.context_tokens
+            dur = self._step_time_s(0, 0.0, decode_batch, context)
+        else:
+            return -1.0
         if not 0.0 <= dur < float("inf"):
             raise ValueError(
-                f"worker {self.worker_id}: cost model returned step time {dur!r} for "
-                f"(prefill_tokens={tokens}, attn_work={attn}, decode_batch={decode_batch}, context={context})"
+                f"worker {self.worker_id}: cost model returned step time {dur!r} for (prefill_tokens={tokens}, "
+                f"attn_work={attn}, decode_batch={decode_batch}, context={context})"
             )
         self.busy = True
         self.busy_s += dur
