@@ -52,19 +52,43 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+class BlockHasher:
+    """Chained hashes of the full blocks of a token array: hash k depends on tokens[: (k+1) * B].
+
+    h_k = sum_{j<=k} mix(block_j . W) * R_j over uint64 (wrapping), with fixed
+    pseudo-random W (per position in a block) and R (per block index): all vectorised.
+    The tables are constants of the instance (no state shared between routers).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        with np.errstate(over="ignore"):
+            self.weights = _mix64(np.arange(1, block_size + 1, dtype=np.uint64)) | np.uint64(1)
+        self.positions = np.empty(0, dtype=np.uint64)
+
+    def _grow(self, nblocks: int) -> None:
+        n = max(nblocks, 2 * len(self.positions), 1024)
+        with np.errstate(over="ignore"):
+            self.positions = _mix64(np.arange(n, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+
+    def __call__(self, tokens: np.ndarray) -> list[int]:
+        tokens = np.asarray(tokens)
+        bs = self.block_size
+        nblocks = len(tokens) // bs
+        if nblocks == 0:
+            return []
+        if nblocks > len(self.positions):
+            self._grow(nblocks)
+        blocks = tokens[: nblocks * bs].astype(np.uint64).reshape(nblocks, bs)
+        with np.errstate(over="ignore"):
+            per_block = _mix64(blocks @ self.weights)
+            chained = np.cumsum(per_block * self.positions[:nblocks], dtype=np.uint64)
+        return chained.tolist()
+
+
 def block_hashes(tokens: np.ndarray, block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of `tokens`: hash k depends on tokens[: (k+1) * block_size]."""
-    tokens = np.asarray(tokens)
-    nblocks = len(tokens) // block_size
-    if nblocks == 0:
-        return []
-    blocks = tokens[: nblocks * block_size].astype(np.uint64).reshape(nblocks, block_size)
-    weights = _mix64(np.arange(1, block_size + 1, dtype=np.uint64))
-    with np.errstate(over="ignore"):
-        per_block = _mix64(blocks @ weights)
-        positions = _mix64(np.arange(nblocks, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-        chained = _mix64(np.cumsum(per_block * positions, dtype=np.uint64))
-    return chained.tolist()
+    """One-off chained block hashes (see BlockHasher)."""
+    return BlockHasher(block_size)(tokens)
 
 
 class DynamoRouter(Router):
@@ -87,6 +111,7 @@ class DynamoRouter(Router):
         self.overlap_score_weight = float(overlap_score_weight)
         self.block_size_tokens = int(block_size_tokens)
         self.router_temperature = float(router_temperature)
+        self.hasher = BlockHasher(self.block_size_tokens)
 
     def reset(self, workers: Sequence[WorkerView], seed: int) -> None:
         super().reset(workers, seed)
@@ -108,7 +133,7 @@ class DynamoRouter(Router):
         bs = self.block_size_tokens
         tokens = request.prompt_tokens
         isl = len(tokens)
-        hashes = block_hashes(tokens, bs)
+        hashes = self.hasher(tokens)
         logits = np.empty(self.num_workers)
         for i, w in enumerate(workers):
             overlap_blocks = w.peek_prefix(tokens) // bs
@@ -149,6 +174,6 @@ class DynamoRouter(Router):
         active.subtract(hashes)
         # Counts fall along the chain, so the blocks now unused form a suffix of `hashes`.
         keep = self._shared_prefix_blocks(active, hashes)
+        pop = dict.pop  # dict's C pop: Counter.__delitem__ is Python code
         for h in hashes[keep:]:
-            if active.get(h, 1) <= 0:
-                del active[h]
+            pop(active, h, None)

@@ -1,7 +1,8 @@
 """Online linear regressors for LBGR's per-worker residual model r_i = theta_i . phi.
 
-All workers' parameters live in one (M, d) array so that a routing decision predicts every
-worker's residual with a few vectorised numpy operations.
+All workers' parameters live in one (M, d) array (`theta`), mirrored as Python lists
+(`theta_rows`, refreshed on every update) for the per-decision loop, where M small dot
+products in plain Python beat numpy's per-call overhead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class RLSLearner:
         self.lam = float(forgetting_factor)
         self.max_trace = float(max_trace)
         self.theta = np.zeros((num_workers, dim))
+        self.theta_rows = self.theta.tolist()  # Python copy for the routing hot path
         self.P = np.tile(np.eye(dim) * float(init_var), (num_workers, 1, 1))
 
     def predict(self, phi: np.ndarray) -> np.ndarray:
@@ -47,6 +49,7 @@ class RLSLearner:
         p_phi = P @ phi
         gain = p_phi / (self.lam + phi @ p_phi)
         theta += gain * (y - theta @ phi)
+        self.theta_rows[worker] = theta.tolist()
         P_new = P - np.outer(gain, p_phi)
         P_new = 0.5 * (P_new + P_new.T)  # keep it symmetric against rounding drift
         if np.trace(P_new) / self.lam <= self.max_trace:
@@ -62,6 +65,7 @@ class SGDLearner:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
         self.lr = float(learning_rate)
         self.theta = np.zeros((num_workers, dim))
+        self.theta_rows = self.theta.tolist()  # Python copy for the routing hot path
 
     def predict(self, phi: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", self.theta, phi)
@@ -69,3 +73,4 @@ class SGDLearner:
     def update(self, worker: int, phi: np.ndarray, y: float) -> None:
         theta = self.theta[worker]
         theta += self.lr * (y - theta @ phi) * phi
+        self.theta_rows[worker] = theta.tolist()

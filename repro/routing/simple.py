@@ -63,7 +63,10 @@ class PowerOfTwoRouter(Router):
         if self.num_workers == 1:
             worker = 0
         else:
-            a, b = (int(x) for x in self.rng.choice(self.num_workers, size=2, replace=False))
+            # A uniform pair of distinct workers (cheaper than rng.choice(replace=False)).
+            a = int(self.rng.integers(self.num_workers))
+            b = int(self.rng.integers(self.num_workers - 1))
+            b += b >= a
             if self.load == "view":
                 la, lb = workers[a].in_flight, workers[b].in_flight
             else:

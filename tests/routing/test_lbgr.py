@@ -232,6 +232,7 @@ def test_sgd_recovers_known_coefficients():
 class SpyLearner:
     def __init__(self):
         self.samples = []
+        self.theta_rows = [[0.0] * 4, [0.0] * 4]
 
     def predict(self, phi):
         return np.zeros(len(phi))

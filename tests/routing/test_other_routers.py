@@ -35,6 +35,19 @@ def test_round_robin_cycles_and_restarts_on_reset():
 
 
 # ---------------------------------------------------------------------------- power of two
+def test_power_of_two_draws_two_distinct_workers_uniformly():
+    v = make_views(4)
+    r = PowerOfTwoRouter()
+    r.reset(v, 0)
+    picks = Counter()
+    for i in range(4000):
+        r.in_flight = [0, 0, 0, 10**6]  # worker 3 loses every pair: never picked (pairs are distinct)
+        picks[r.select_worker(make_request(i, [1]), v, 0.0)] += 1
+    assert picks[3] == 0
+    # Worker k in {0,1,2} wins when it is drawn first (1/4), or second after worker 3 (1/12): 1/3 each.
+    assert all(1200 < picks[k] < 1467 for k in range(3))
+
+
 def test_power_of_two_prefers_the_less_loaded_of_two_draws():
     v = make_views(2)
     r = PowerOfTwoRouter()
@@ -53,7 +66,10 @@ def test_power_of_two_tie_goes_to_first_draw_and_view_mode():
     r = PowerOfTwoRouter()
     r.reset(v, 7)
     rng = np.random.default_rng(7)
-    first_draws = [int(rng.choice(4, size=2, replace=False)[0]) for _ in range(4)]
+    first_draws = []
+    for _ in range(4):
+        first_draws.append(int(rng.integers(4)))
+        rng.integers(3)  # the second draw
     r.in_flight = [0] * 4
     picks = []
     for i in range(4):
