@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from repro.routing.base import Router, WorkerView
+from repro.routing.base import Router, WorkerView, token_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -132,11 +132,12 @@ class DynamoRouter(Router):
     def logits(self, request: "Request", workers: Sequence[WorkerView]) -> tuple[np.ndarray, list[int]]:
         bs = self.block_size_tokens
         tokens = request.prompt_tokens
+        key = token_key(tokens)
         isl = len(tokens)
         hashes = self.hasher(tokens)
         logits = np.empty(self.num_workers)
         for i, w in enumerate(workers):
-            overlap_blocks = w.peek_prefix(tokens) // bs
+            overlap_blocks = w.peek_prefix(key) // bs
             prefill_tokens = w.waiting_prefill_tokens + max(isl - overlap_blocks * bs, 0)
             active = self.active[i]
             new_blocks = len(hashes) - self._shared_prefix_blocks(active, hashes)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from repro.routing.base import Router, WorkerView, check_choice
+from repro.routing.base import Router, WorkerView, check_choice, token_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -65,8 +65,9 @@ class LLMDRouter(Router):
         m = self.num_workers
         prefix = np.zeros(m)
         if total_blocks > 0:
+            key = token_key(tokens)
             for i, w in enumerate(workers):
-                prefix[i] = min(w.peek_prefix(tokens) // bs, total_blocks) / total_blocks
+                prefix[i] = min(w.peek_prefix(key) // bs, total_blocks) / total_blocks
         queues = np.array([w.waiting for w in workers], dtype=float)
         qmin, qmax = queues.min(), queues.max()
         queue = np.ones(m) if qmax == qmin else (qmax - queues) / (qmax - qmin)

@@ -316,3 +316,34 @@ def test_completion_bookkeeping():
 def test_bad_config_fails_at_construction(kw):
     with pytest.raises(ValueError):
         LBGRRouter(**kw)
+
+
+# ---------------------------------------------------------------------------- the real kvcache
+def _real_make_cache():
+    try:
+        from repro.kvcache import make_cache
+    except ImportError:
+        pytest.skip("repro.kvcache.make_cache has not landed on this branch yet")
+    return make_cache
+
+
+@pytest.mark.parametrize("policy", ["lru", "rlt"])
+def test_approximate_tracker_with_the_real_radix_cache(policy):
+    _real_make_cache()
+    v = views_with(m=3, capacity=600)
+    for view in v:
+        view.eviction_policy = policy
+    r = lbgr(v, tracker="approximate", cache_factory=None)  # the default factory: repro.kvcache.make_cache
+    rng = np.random.default_rng(0)
+    systems = [rng.integers(0, 30_000, 150) for _ in range(5)]
+    now = 0.0
+    for i in range(60):
+        now += 0.05
+        prompt = np.concatenate([systems[i % 5], rng.integers(0, 30_000, 20)]).astype(np.int32)
+        q = make_request(i, prompt, output_len=3)
+        w = r.select_worker(q, v, now)
+        assert r.caches[w].peek_prefix(prompt) == len(prompt)
+        r.on_request_complete(q, w, 0.2, 0.05, 0, now + 0.2)
+        assert r.caches[w].peek_prefix(q.full_tokens) == len(q.full_tokens)
+        assert all(c.total_size() <= 600 for c in r.caches)
+    assert all(view.view_calls == [] for view in v)
