@@ -177,14 +177,13 @@ class RLTEviction(EvictionPolicy):
     Token granularity draws in bulk (`_evict_random_tokens`): a budget of n draws costs one
     multinomial over the current candidates plus O(1) work per emptied node, not one draw
     per token, with exactly the distribution of the one-by-one process (its docstring says
-    why); budgets up to `one_by_one_max_tokens` are drawn one by one, where that is cheaper.
+    why); small budgets are drawn one by one, where that is cheaper.
     All randomness comes from the numpy Generator (`multinomial`, `beta`, and uniforms
     buffered 1024 at a time): deterministic per seed.
     """
 
     name = "rlt"
     _BUF = 1024
-    one_by_one_max_tokens = 16  # token granularity: smaller budgets are drawn one by one (cheaper)
 
     def __init__(self, seed: "int | np.random.Generator" = 0, granularity: str | None = None):
         super().__init__(granularity)
@@ -301,6 +300,11 @@ class RLTEviction(EvictionPolicy):
             node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
             self.dirty.append(node)
 
+    @staticmethod
+    def _one_by_one_is_cheaper(budget: int, candidates: int) -> bool:
+        """A draw one by one costs ~0.5 us, a window ~5 us + ~0.3 us per candidate (measured)."""
+        return budget <= 8 + (candidates >> 1)
+
     def _evict_one_by_one(self, budget: int) -> int:
         """The literal process: `budget` draws, each uniform over the current unmarked leaves."""
         cache = self.cache
@@ -327,10 +331,8 @@ class RLTEviction(EvictionPolicy):
                     node.hdirty = True
                     dirty.append(node)
             elif node.n > 1:
-                self._ui = ui
                 self._truncate(node, 1)
             else:
-                self._ui = ui
                 cache._evict_tokens(node, 1)  # empties it: lists updated, its parent may join
         self._ui = ui
         return done
@@ -351,8 +353,8 @@ class RLTEviction(EvictionPolicy):
         a slot at i.i.d. uniform times, the ell-th is Beta(ell, c - ell + 1), independent
         across slots, and the next node of the same slot dies at t + (1 - t) Beta(ell', e -
         ell' + 1) (e draws after t). Skipped draws come after the window: the next window
-        draws them over the live candidates. Budgets up to `one_by_one_max_tokens` are drawn
-        one by one (cheaper there).
+        draws them over the live candidates. Small budgets (`_one_by_one_is_cheaper`) are
+        drawn one by one.
         """
         cache = self.cache
         ul = self.unmarked
@@ -361,7 +363,7 @@ class RLTEviction(EvictionPolicy):
         dirty = self.dirty
         evicted = 0
         while budget > 0 and ul:
-            if budget <= self.one_by_one_max_tokens:
+            if self._one_by_one_is_cheaper(budget, len(ul)):
                 evicted += self._evict_one_by_one(budget)
                 break
             counts = rng.multinomial(budget, self._pvals(len(ul))).tolist()

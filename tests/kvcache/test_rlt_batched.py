@@ -41,10 +41,21 @@ P_REJECT = 1e-3
 SAMPLES = 3000  # per side
 
 
+def _never(budget, candidates):
+    return False
+
+
+def _up_to_3(budget, candidates):
+    return budget <= 3
+
+
+ONE_BY_ONE = {"never": _never, "up to 3": _up_to_3, "default": RLTEviction._one_by_one_is_cheaper}
+
+
 @contextmanager
 def windows_always():
     """Every token-granularity budget is drawn in multinomial windows (none one by one)."""
-    with mock.patch.object(RLTEviction, "one_by_one_max_tokens", 0):
+    with mock.patch.object(RLTEviction, "_one_by_one_is_cheaper", staticmethod(_never)):
         yield
 
 
@@ -99,9 +110,9 @@ SCENARIOS = {
 }
 
 
-def build(name, seed, one_by_one_max_tokens=0):
+def build(name, seed, one_by_one="never"):
     cache = make_cache(64, {"name": "rlt", "granularity": "token"}, seed)
-    cache.policy.one_by_one_max_tokens = one_by_one_max_tokens
+    cache.policy._one_by_one_is_cheaper = ONE_BY_ONE[one_by_one]
     r = SCENARIOS[name](cache)
     cache.check_invariants()
     return cache, r
@@ -135,10 +146,10 @@ def reference_evict(cached, marked, locked, r, rng) -> frozenset:
     return frozenset(cached)
 
 
-def fast_histogram(name, seeds, one_by_one_max_tokens=0) -> Counter:
+def fast_histogram(name, seeds, one_by_one="never") -> Counter:
     hist = Counter()
     for s in seeds:
-        cache, r = build(name, s, one_by_one_max_tokens)
+        cache, r = build(name, s, one_by_one)
         assert cache.evict(r) == r
         cache.check_invariants()
         hist[state_of(cache)] += 1
@@ -183,7 +194,7 @@ def test_final_state_distribution_matches_the_literal_process(name):
 
 def test_windows_mixed_with_one_by_one_draws_match_too():
     # small extension budgets drawn one by one, larger ones in windows
-    fast = fast_histogram("deep-chain", range(SAMPLES, 2 * SAMPLES), one_by_one_max_tokens=3)
+    fast = fast_histogram("deep-chain", range(SAMPLES, 2 * SAMPLES), one_by_one="up to 3")
     assert homogeneity_p(fast, reference_histogram("deep-chain")) > P_REJECT
 
 
@@ -270,8 +281,8 @@ def test_recording_evictions_changes_no_outcome(case, seed):
     assert len(logged.cache.eviction_log) == logged.evicted_tokens
 
 
-@pytest.mark.parametrize("one_by_one_max_tokens", [0, 16])
-def test_bulk_evict_exact_count_invariants_and_determinism(one_by_one_max_tokens):
+@pytest.mark.parametrize("one_by_one", ["never", "default"])
+def test_bulk_evict_exact_count_invariants_and_determinism(one_by_one):
     """Simulator-style bulk evictions (large budgets): exact counts, invariants, same seed -> same state."""
     rng = np.random.default_rng(7)
     prefixes = [rng.integers(0, 1000, 40).tolist() for _ in range(6)]
@@ -279,7 +290,7 @@ def test_bulk_evict_exact_count_invariants_and_determinism(one_by_one_max_tokens
 
     def run(seed):
         cache = make_cache(300, {"name": "rlt", "granularity": "token"}, seed)
-        cache.policy.one_by_one_max_tokens = one_by_one_max_tokens
+        cache.policy._one_by_one_is_cheaper = ONE_BY_ONE[one_by_one]
         for p in prompts:
             m = cache.match_prefix(p)
             cache.inc_lock_ref(m.last_node)
