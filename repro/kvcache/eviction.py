@@ -354,7 +354,9 @@ class RLTEviction(EvictionPolicy):
         across slots, and the next node of the same slot dies at t + (1 - t) Beta(ell', e -
         ell' + 1) (e draws after t). Skipped draws come after the window: the next window
         draws them over the live candidates. Small budgets (`_one_by_one_is_cheaper`) are
-        drawn one by one.
+        drawn one by one. With debug hooks or the eviction log on, evictions go through
+        `cache._evict_tokens` (same draws); a window logs its tokens in a legal order (each
+        an unmarked leaf token when logged), not in the draw order it never materialises.
         """
         cache = self.cache
         ul = self.unmarked
