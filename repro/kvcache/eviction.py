@@ -63,6 +63,10 @@ class EvictionPolicy:
     def split(self, upper: "Node", lower: "Node") -> None:
         pass
 
+    def restamp(self, node: "Node") -> None:
+        """`node.stamp` moved without an access (SGLang's split rule): recency only, never marks."""
+        self.touch(node)
+
     def evict(self, need: int) -> tuple[int, int | None]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -234,6 +238,11 @@ class RLTEviction(EvictionPolicy):
                 self._remove(self.unmarked, node)
                 node.lidx = len(self.marked)
                 self.marked.append(node)
+        if node.lidx >= 0 and not node.hdirty:
+            node.hdirty = True
+            self.dirty.append(node)
+
+    def restamp(self, node):
         if node.lidx >= 0 and not node.hdirty:
             node.hdirty = True
             self.dirty.append(node)
