@@ -20,11 +20,14 @@ from repro.backends.base import RECORD_COLUMNS, CellResult
 
 
 class FakeRouter:
-    def __init__(self, name: str = "fake", round_robin: bool = False):
+    """Stands in for a real router in fixtures and stubs (extra knobs, e.g. LBGR's, are kept)."""
+
+    def __init__(self, name: str = "fake", round_robin: bool = False, **options):
         if not isinstance(round_robin, bool):
             raise TypeError("round_robin must be a bool")
         self.name = name
         self.round_robin = round_robin
+        self.options = options
 
 
 def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -> CellResult:

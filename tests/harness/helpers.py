@@ -55,3 +55,31 @@ def cell_files(results: Path, exp: str = "tiny", names=("summary.json", "request
         for path in sorted((results / exp).glob(f"*/{name}")):
             out[f"{path.parent.name}/{name}"] = path.read_bytes()
     return out
+
+
+def compose_fixture(overrides: list[str]):
+    """Resolved config of one cell composed over conf/ + the fixture tree (no Hydra app needed)."""
+    from hydra import compose, initialize_config_dir
+
+    import repro.harness.schema  # noqa: F401
+    from repro.harness.compose import resolve
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return resolve(compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"]))
+
+
+def tiny_spec(results: Path, *overrides: str):
+    """A CellSpec for one cell of the tiny fixture experiment, results under `results`."""
+    from repro.harness.cell import CellSpec
+    from repro.harness.compose import cell_signature
+
+    cfg = compose_fixture(["exp=tiny", *overrides])
+    cfg["results_dir"] = str(results)
+    return CellSpec(
+        index=0,
+        label=" ".join(overrides),
+        config=cfg,
+        signature=cell_signature(cfg),
+        results_dir=str(results),
+        exp_name=cfg["exp_name"],
+    )
