@@ -53,29 +53,35 @@ class GridComposer:
 
     def __init__(self, config_name: str):
         self.config_name = config_name
-        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._bases: dict[tuple[str, ...], tuple[DictConfig, frozenset]] = {}
+        self._repos: dict[tuple[str, ...], Any] = {}
 
     def _compose(self, overrides: Sequence[str], with_hydra: bool) -> DictConfig:
         from hydra import compose
 
         return compose(config_name=self.config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
+    def _repo(self, hydra_overrides: tuple[str, ...]) -> Any:
+        """Hydra's config repository for this search path (hydra.searchpath overrides included)."""
+        if hydra_overrides not in self._repos:
+            try:
+                from hydra.core.global_hydra import GlobalHydra
+
+                loader = GlobalHydra.instance().config_loader()
+                _, repo = loader._parse_overrides_and_create_caching_repo(self.config_name, list(hydra_overrides))
+            except Exception:  # unknown internals: every override then takes full composition
+                repo = None
+            self._repos[hydra_overrides] = repo
+        return self._repos[hydra_overrides]
+
     @staticmethod
-    def _group_exists(key: str) -> bool:
-        try:
-            from hydra.core.global_hydra import GlobalHydra
-
-            return bool(GlobalHydra.instance().config_loader().repository.group_exists(key))
-        except Exception:  # unknown internals: assume it may be a group (full composition)
-            return True
-
-    def _maybe_value(self, ov: Any) -> bool:
+    def _maybe_value(ov: Any, repo: Any) -> bool:
         key = ov.key_or_group
-        if ov.is_hydra_override() or ov.package is not None or "/" in key or "@" in key:
+        if repo is None or ov.is_hydra_override() or ov.package is not None or "/" in key or "@" in key:
             return False
         if isinstance(ov.value(), dict):
             return True  # Hydra treats dict values as config overrides, group or not
-        return not self._group_exists(key.lstrip("+~"))
+        return not repo.group_exists(key.lstrip("+~"))
 
     def __call__(self, overrides: Sequence[str]) -> DictConfig:
         import copy
@@ -84,19 +90,22 @@ class GridComposer:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-        structural = [text for text, ov in zip(overrides, parsed) if not self._maybe_value(ov)]
-        values = [ov for ov in parsed if self._maybe_value(ov)]
+        repo = self._repo(tuple(ov.input_line for ov in parsed if ov.is_hydra_override()))
+        is_value = [self._maybe_value(ov, repo) for ov in parsed]
+        structural = [text for text, v in zip(overrides, is_value) if not v]
+        values = [ov for ov, v in zip(parsed, is_value) if v]
         key = tuple(structural)
         if key not in self._bases:
-            self._bases[key] = self._compose(structural, with_hydra=True)
-        base = self._bases[key]
-        choices = set(base.hydra.runtime.choices.keys())
+            full = self._compose(structural, with_hydra=True)
+            choices = frozenset(full.hydra.runtime.choices.keys())
+            with open_dict(full):
+                del full["hydra"]  # as hydra.compose does; values never touch it
+            self._bases[key] = (full, choices)
+        base, choices = self._bases[key]
         if any(ov.key_or_group.lstrip("+~") in choices for ov in values):
             return self._compose(overrides, with_hydra=False)
         cfg = copy.deepcopy(base)
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
         return cfg
 
 
