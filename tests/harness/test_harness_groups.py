@@ -41,6 +41,8 @@ def compose_option(group: str, option: str) -> dict:
     import repro.harness.schema  # noqa: F401
 
     overrides = [f"{group}={option}", f"hydra.searchpath=[file://{STUBS}]"]
+    if group == "model":
+        overrides.append("hardware=h200")  # the paper's GPU for 70B and Mixtral (8B fits it too)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = resolve(compose("config", overrides=overrides))
     if "num_queries" in cfg.get("workload", {}):

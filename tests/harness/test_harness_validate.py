@@ -144,7 +144,7 @@ def test_cache_smaller_than_one_request(good_cfg, fake_workloads):
     errs = deep_errors(with_(good_cfg, "cluster.kv_cache_tokens", 999))
     assert errs == [
         "cache smaller than one request: a worker holds 999 KV tokens but the longest request of workload "
-        "tiny needs 1000 (prompt + output); raise cluster.kv_cache_tokens / cluster.mem_fraction or shorten "
+        "gsp needs 1000 (prompt + output); raise cluster.kv_cache_tokens / cluster.mem_fraction or shorten "
         "the workload"
     ]
 
@@ -152,7 +152,7 @@ def test_cache_smaller_than_one_request(good_cfg, fake_workloads):
 def test_each_workload_is_built_once_per_sweep(fake_workloads):
     with fixture_compose() as c:
         plan_cells({"policy": "fake_a,fake_b", "seed": "0,1"}, ["exp=tiny", "cluster.kv_cache_tokens=4096"], c)
-    assert sorted(fake_workloads.builds) == [("tiny", 0), ("tiny", 1)]
+    assert sorted(fake_workloads.builds) == [("gsp", 0), ("gsp", 1)]
 
 
 def test_theory_cells_skip_the_serving_checks(good_cfg):
