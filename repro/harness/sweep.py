@@ -34,6 +34,7 @@ TABLE_METRICS = (
     "throughput_rps",
     "num_failed",
 )
+THEORY_METRICS = ("misses_per_phase", "ci95_low", "ci95_high", "lru_bound", "harmonic", "opt_bound")
 
 
 def usable_cpus() -> int:
@@ -180,7 +181,7 @@ def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
         row["status"] = o.status
         row["sig"] = o.signature
         summ = o.summary or {}
-        keys = [k for k in TABLE_METRICS if k in summ] or [
+        keys = [k for k in TABLE_METRICS if k in summ] or [k for k in THEORY_METRICS if k in summ] or [
             k for k, v in summ.items() if k != "provenance" and isinstance(v, (int, float))
         ]
         for k in keys:

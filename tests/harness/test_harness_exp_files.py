@@ -149,17 +149,22 @@ def test_grid_shapes(grids):
             assert policies(g[exp]) == SIX, exp
     thm = g["thm_competitive_ratio"]
     assert set(values(thm, "backend.name")) == {"theory"} and len(thm) == 54
-    assert swept(thm, "theory.construction") == ["thm4", "thm5"]
+    assert swept(thm, "theory.panel") == ["thm4", "thm5"]
     assert swept(thm, "theory.policy") == ["lru", "opt", "rlt"]
-    assert swept(thm, "theory.b_minus_l_plus_1", int) == [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert swept(thm, "theory.x", int) == [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 def test_theory_signature_ignores_the_serving_config(grids):
     from repro.harness.compose import cell_signature
     from repro.results import run_signature
 
+    from repro.theory.competitive_ratio import grid
+
     cell = composed(grids["thm_competitive_ratio"])[0]
-    assert cell.signature == run_signature(cell.config["theory"])
+    assert cell.config["theory"] == {"panel": "thm4", "x": 4, "policy": "lru", "quick": False}
+    (params,) = [p for p in grid() if p["construction"] == "thm4" and p["policy"] == "lru"
+                 and p["b_minus_l_plus_1"] == 4]
+    assert cell.signature == run_signature(params)  # the theory CLI's folder for this cell
     other = {**cell.config, "workload": {"name": "sharegpt"}}
     assert cell_signature(other) == cell.signature
 

@@ -73,8 +73,7 @@ def test_group_option_builds(group, option):
         if option == "sim" and importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not on this branch yet")
         if option == "theory":
-            cfg["theory"] = {"construction": "thm4", "b_minus_l_plus_1": 4, "L": 4, "beta": 2, "policy": "lru",
-                             "num_seeds": 1, "num_phases": 2, "seed": 0}
+            cfg["theory"] = {"panel": "thm5", "x": 4, "policy": "rlt", "quick": True}
     elif importlib.util.find_spec("repro.backends.sim") is None:
         cfg["backend"] = {"name": "tests.harness.fake_backend"}  # until the simulator lands
     assert cell_errors(cfg, deep=True) == []

@@ -6,10 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 from hydra import compose, initialize_config_dir
 
-import repro.theory
 from repro.harness.cell import CellSpec, run_cell_spec
 from repro.harness.compose import cell_signature, resolve
 from repro.results import run_signature
@@ -26,31 +24,40 @@ def compose_with(searchpath: list[Path], overrides: list[str]) -> dict:
         return resolve(compose("config", overrides=[*overrides, f"hydra.searchpath=[{sp}]"]))
 
 
-def test_theory_cell_writes_the_dict_as_its_summary(tmp_path, monkeypatch):
-    seen = []
+def test_theory_cell_shares_the_theory_cli_folder(tmp_path):
+    """A quick-grid cell through the harness: real run_theory_cell, the CLI's signature and summary keys."""
+    from repro.theory.competitive_ratio import grid, run_cell_stored
 
-    def fake_run_theory_cell(params):
-        seen.append(dict(params))
-        return {"misses_per_phase": 13.0, "ratio": 13.0, "policy": params["policy"]}
-
-    monkeypatch.setattr(repro.theory, "run_theory_cell", fake_run_theory_cell, raising=False)
-    cfg = compose_with([STUBS], ["exp=thm_competitive_ratio", "theory.b_minus_l_plus_1=13", "seed=4", "tracking=disabled"])
+    cfg = compose_with(
+        [STUBS], ["exp=thm_competitive_ratio", "theory.quick=true", "theory.x=16", "theory.policy=rlt", "tracking=disabled"]
+    )
     cfg["results_dir"] = str(tmp_path)
+    (params,) = [p for p in grid(quick=True) if p["construction"] == "thm4" and p["policy"] == "rlt"
+                 and p["b_minus_l_plus_1"] == 16]
     sig = cell_signature(cfg)
-    assert sig == run_signature(cfg["theory"])  # the same folder as the theory CLI's own runs
+    assert sig == run_signature(params)
     out = run_cell_spec(CellSpec(0, "thm", cfg, sig, str(tmp_path), cfg["exp_name"]))
     assert out.status == "ran", out.error
-    assert seen == [{**cfg["theory"], "seed": 4}] and cfg["theory"]["seed"] == 4
     cell = Path(out.dir)
-    summary = json.loads((cell / "summary.json").read_text())
-    assert {k: summary[k] for k in ("misses_per_phase", "ratio", "policy")} == {
-        "misses_per_phase": 13.0,
-        "ratio": 13.0,
-        "policy": "lru",
-    }
-    assert summary["provenance"]["backend"] == "theory" and summary["provenance"]["seed"] == 4
-    assert "model" not in summary["provenance"]
     assert sorted(p.name for p in cell.iterdir()) == ["config.yaml", "summary.json", "timings.json"]
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["params"] == params and summary["provenance"]["backend"] == "theory"
+    assert "model" not in summary["provenance"]
+    assert "wall_s" in json.loads((cell / "timings.json").read_text())["backend"]
+
+    # the CLI finds the harness's cell finished, and reports the same numbers
+    cli_summary, ran = run_cell_stored(params, str(tmp_path))
+    assert not ran
+    cli_cell = {k: v for k, v in cli_summary.items() if k != "provenance"}
+    assert cli_cell == {k: v for k, v in summary.items() if k != "provenance"}
+
+
+def test_theory_cell_not_in_the_grid_is_a_config_error():
+    from repro.backends.theory import validate_cell
+
+    cfg = compose_with([STUBS], ["exp=thm_competitive_ratio", "theory.x=5"])
+    (msg,) = validate_cell(cfg)
+    assert "no cell panel='thm4' x=5 policy='lru'" in msg and "1024" in msg
 
 
 def test_local_layer_overrides_without_changing_signatures(tmp_path):
