@@ -97,6 +97,7 @@ def test_hard_kill_mid_sweep_then_resume(tmp_path, reference):
     assert leftovers == []
 
 
+@pytest.mark.slow
 def test_killed_pool_worker_is_reported_and_resumed(tmp_path, monkeypatch, capsys, reference):
     monkeypatch.setenv("REPRO_FAULT", "kill:start:1")  # each worker process dies on its first cell
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=2", monkeypatch=monkeypatch) == 1
@@ -108,7 +109,7 @@ def test_killed_pool_worker_is_reported_and_resumed(tmp_path, monkeypatch, capsy
     assert cell_files(tmp_path) == reference
 
 
-@pytest.mark.parametrize("form", ["inprocess", "multirun"])
+@pytest.mark.parametrize("form", ["inprocess", pytest.param("multirun", marks=pytest.mark.slow)])
 def test_failing_cell_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys, form):
     args = ["+exp=tiny", NO_WANDB, "backend.fail_when_rate=6.0"]
     args = ["-m", *args] if form == "multirun" else [*args, "n_jobs=1"]
