@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from repro.harness.cell import run_cell_spec
@@ -60,6 +61,12 @@ def test_offline_run_holds_the_local_summary(tmp_path, monkeypatch):
     progress = [r["history"]["item"]["progress"] for r in records if r["type"] == "history"
                 and "progress" in r["history"]["item"]]
     assert progress[0] == 0.25 and progress[-1] == 1 and progress == sorted(progress)
+
+    (table_file,) = run_dir.glob("files/media/table/requests_*.table.json")
+    table = json.loads(table_file.read_text())
+    requests = pd.read_parquet(cell / "requests.parquet")
+    assert table["columns"] == list(requests.columns)
+    assert table["data"] == requests.astype(object).values.tolist()  # the per-request table, row for row
 
     assert not any(home.rglob("*")), sorted(map(str, home.rglob("*")))  # nothing outside the cell
 
