@@ -156,3 +156,12 @@ def test_dry_run_lists_cells(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "tiny: 4 cell(s), 0 finished, 4 to run" in out
     assert not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_other_launchers_give_identical_files(tmp_path, reference, launcher):
+    extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else ["hydra.launcher.timeout_min=5"]
+    res = run_subprocess(tmp_path, "-m", "+exp=tiny", NO_WANDB, f"hydra/launcher={launcher}", *extra, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert cell_files(tmp_path) == reference
