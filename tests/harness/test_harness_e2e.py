@@ -165,3 +165,35 @@ def test_other_launchers_give_identical_files(tmp_path, reference, launcher):
     res = run_subprocess(tmp_path, "-m", "+exp=tiny", NO_WANDB, f"hydra/launcher={launcher}", *extra, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert cell_files(tmp_path) == reference
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_whole_sweep_from_outside_then_resume(tmp_path, reference):
+    """`kill -9` of the sweep's process group (main + pool workers) mid-way; the rerun finishes it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.harness.helpers import ROOT, cli_args
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REPRO_RESULTS_DIR": str(tmp_path)}
+    args = cli_args(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=2", "backend.sleep_s=1.5")
+    proc = subprocess.Popen([sys.executable, "-m", "repro.run", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("tiny/*/summary.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    done = len(list(tmp_path.glob("tiny/*/summary.json")))
+    assert 1 <= done < 4
+    for summary in tmp_path.glob("tiny/*/summary.json"):  # whatever was finished is whole
+        json.loads(summary.read_text())
+        pd.read_parquet(summary.parent / "requests.parquet")
+
+    res = run_subprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=2", "backend.sleep_s=1.5")
+    assert res.returncode == 0, res.stderr
+    assert f"{4 - done} ran, {done} skipped (finished)" in res.stdout
+    assert len(cell_files(tmp_path)) == 8  # (sleep_s is part of the config, so not the reference's folders)
+    assert not [p for p in tmp_path.glob("tiny/**/*") if p.name.startswith(".tmp")]
