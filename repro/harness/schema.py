@@ -37,7 +37,7 @@ class SchedulerSchema:
 class ClusterSchema:
     num_workers: int = 4
     mem_fraction: float = 0.9
-    kv_cache_tokens: Optional[int] = None
+    kv_cache_tokens: Optional[Any] = None  # tokens per worker: one int for all, or a list (one per worker)
     scheduler: SchedulerSchema = field(default_factory=SchedulerSchema)
 
 

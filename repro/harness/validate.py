@@ -101,7 +101,13 @@ def value_errors(cfg: Mapping) -> list[str]:
     frac = _get(cfg, "cluster.mem_fraction")
     need(_is_num(frac) and 0 < frac <= 1, f"cluster.mem_fraction must be in (0, 1] (got {frac!r})")
     kv = _get(cfg, "cluster.kv_cache_tokens")
-    need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
+    if isinstance(kv, list):
+        need(
+            all(_is_int(v) and v >= 1 for v in kv) and (not _is_int(workers) or len(kv) == workers),
+            f"cluster.kv_cache_tokens as a list needs one integer >= 1 per worker ({workers}) (got {kv!r})",
+        )
+    else:
+        need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
     sp = _get(cfg, "cluster.scheduler.schedule_policy")
     need(
         sp in SCHEDULE_POLICIES,
@@ -186,6 +192,16 @@ def _import(module: str, name: str) -> Any:
     return obj
 
 
+def workload_seed(seed: int) -> int:
+    """The seed the backends build the workload with (repro.sim.SeedPlan), so that validation checks
+    the very requests a cell will serve and leaves them in the workload disk cache for it."""
+    try:
+        from repro.sim.cluster import SeedPlan
+    except ImportError:
+        return seed
+    return int(SeedPlan.spawn(seed, 1).workload)
+
+
 def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     """Build the cell's components without running it (see the module docstring)."""
     from omegaconf import OmegaConf
@@ -233,7 +249,9 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     kv = _get(cfg, "cluster.kv_cache_tokens")
     frac = _get(cfg, "cluster.mem_fraction")
 
-    def capacity() -> int:
+    def capacity() -> int:  # the smallest worker's cache: every request must fit each worker
+        if isinstance(kv, list):
+            return min(int(v) for v in kv)
         if kv is not None:
             return int(kv)
         fn = _import("repro.costmodel", "kv_capacity_tokens")
@@ -254,11 +272,13 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     if status == "error":
         errs.append(f"eviction {dict(cfg['eviction'])}: {value}")
 
+    wl_seed = workload_seed(seed)
+
     def max_request_tokens() -> int:
         build_workload = _import("repro.workloads", "build_workload")
-        return int(build_workload(OmegaConf.create(dict(cfg["workload"])), seed).max_request_tokens)
+        return int(build_workload(OmegaConf.create(dict(cfg["workload"])), wl_seed).max_request_tokens)
 
-    status, longest = memo.get("workload", [cfg["workload"], seed], max_request_tokens)
+    status, longest = memo.get("workload", [cfg["workload"], wl_seed], max_request_tokens)
     if status == "error":
         errs.append(f"workload {cfg['workload'].get('name')}: {longest}")
     elif status == "ok" and cap is not None and longest > cap:

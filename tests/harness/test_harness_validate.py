@@ -13,7 +13,14 @@ from hydra import compose, initialize_config_dir
 from repro.harness.compose import compose_cells, resolve
 from repro.harness.grid import expand_grid
 from repro.harness.sweep import plan_cells
-from repro.harness.validate import ConfigError, cell_errors, deep_errors, schema_errors, value_errors
+from repro.harness.validate import (
+    ConfigError,
+    cell_errors,
+    deep_errors,
+    schema_errors,
+    value_errors,
+    workload_seed,
+)
 from tests.harness.helpers import FIXTURE_CONF, ROOT
 
 
@@ -58,6 +65,8 @@ def test_good_config_has_no_errors(good_cfg):
         ("cluster.num_workers", 0, "cluster.num_workers must be an integer >= 1"),
         ("cluster.mem_fraction", 1.5, "cluster.mem_fraction must be in (0, 1]"),
         ("cluster.kv_cache_tokens", 0, "cluster.kv_cache_tokens must be null or >= 1"),
+        ("cluster.kv_cache_tokens", [4096], "needs one integer >= 1 per worker (2)"),
+        ("cluster.kv_cache_tokens", [4096, 0], "needs one integer >= 1 per worker (2)"),
         ("cluster.scheduler.schedule_policy", "lifo", "schedule_policy must be one of lpm, fcfs"),
         ("cluster.scheduler.max_running_requests", 0, "max_running_requests must be an integer >= 1"),
         ("workload.num_queries", 0, "workload.num_queries must be an integer >= 1"),
@@ -141,6 +150,8 @@ def fake_workloads(monkeypatch):
 
 def test_cache_smaller_than_one_request(good_cfg, fake_workloads):
     assert deep_errors(with_(good_cfg, "cluster.kv_cache_tokens", 1000)) == []
+    assert value_errors(with_(good_cfg, "cluster.kv_cache_tokens", [5000, 999])) == []
+    assert "holds 999 KV tokens" in deep_errors(with_(good_cfg, "cluster.kv_cache_tokens", [5000, 999]))[0]
     errs = deep_errors(with_(good_cfg, "cluster.kv_cache_tokens", 999))
     assert errs == [
         "cache smaller than one request: a worker holds 999 KV tokens but the longest request of workload "
@@ -152,7 +163,7 @@ def test_cache_smaller_than_one_request(good_cfg, fake_workloads):
 def test_each_workload_is_built_once_per_sweep(fake_workloads):
     with fixture_compose() as c:
         plan_cells({"policy": "fake_a,fake_b", "seed": "0,1"}, ["exp=tiny", "cluster.kv_cache_tokens=4096"], c)
-    assert sorted(fake_workloads.builds) == [("gsp", 0), ("gsp", 1)]
+    assert sorted(fake_workloads.builds) == sorted([("gsp", workload_seed(0)), ("gsp", workload_seed(1))])
 
 
 def test_theory_cells_skip_the_serving_checks(good_cfg):
