@@ -6,8 +6,10 @@ file behind: every write is atomic, see repro.results.store):
 2. Otherwise the folder holds at most an unfinished attempt (killed or failed): clear it.
 3. config.yaml (the resolved cell config, sorted keys).
 4. The backend runs (W&B tracking alongside, never in the way).
-5. requests.parquet (RECORD_COLUMNS, deterministic bytes), timings.json (wall-clock, not
-   part of any identity check), then summary.json LAST (repro.metrics.summarize + provenance).
+5. requests.parquet (RECORD_COLUMNS, deterministic bytes), timings.json (the backend's
+   wall-clock timings at the top level + a `harness` entry: backend wall time, host, pid, start;
+   never part of any identity check), then summary.json LAST (repro.metrics.summarize +
+   provenance).
    A backend that returns a plain dict (theory) has no requests.parquet: that dict is the
    summary.
 A failing cell writes error.txt (the traceback) and no summary.json; the sweep goes on.
@@ -168,14 +170,12 @@ def run_cell_spec(spec: CellSpec) -> CellOutcome:
         else:
             raise TypeError(f"backend returned {type(result).__name__}, expected CellResult or dict")
 
-        timings = {
-            "backend": backend_timings,
-            "harness": {
-                "backend_wall_s": backend_s,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_utc": started,
-            },
+        timings = dict(backend_timings)  # the backend's own keys at the top (as the theory CLI writes them)
+        timings["harness"] = {
+            "backend_wall_s": backend_s,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_utc": started,
         }
         store.write_json(TIMINGS, timings)
         faults.checkpoint("before_summary")
