@@ -26,7 +26,6 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Mapping
 
 from repro.harness import faults

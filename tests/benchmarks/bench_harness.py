@@ -50,8 +50,7 @@ def plan_fig2() -> tuple[int, float]:
     from repro.harness.compose import GridComposer
     from repro.harness.sweep import plan_cells
 
-    stubs = ROOT / "tests" / "harness" / "stub_conf"  # fills groups not on main yet (shadowed otherwise)
-    extra = [f"hydra.searchpath=[file://{stubs}]"]
+    extra: list[str] = []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         head = compose("config", overrides=["exp=fig2_main", *extra], return_hydra_config=True)
         params = OmegaConf.to_container(head.hydra.sweeper.params)

@@ -13,15 +13,14 @@ from repro.harness.compose import cell_signature, resolve
 from repro.results import run_signature
 from tests.harness.helpers import ROOT
 
-STUBS = Path(__file__).resolve().parent / "stub_conf"
 
 
 def compose_with(searchpath: list[Path], overrides: list[str]) -> dict:
     import repro.harness.schema  # noqa: F401
 
-    sp = ",".join(f"file://{p}" for p in searchpath)
+    extra = [f"hydra.searchpath=[{','.join(f'file://{p}' for p in searchpath)}]"] if searchpath else []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return resolve(compose("config", overrides=[*overrides, f"hydra.searchpath=[{sp}]"]))
+        return resolve(compose("config", overrides=[*overrides, *extra]))
 
 
 def test_theory_cell_shares_the_theory_cli_folder(tmp_path):
@@ -29,7 +28,7 @@ def test_theory_cell_shares_the_theory_cli_folder(tmp_path):
     from repro.theory.competitive_ratio import grid, run_cell_stored
 
     cfg = compose_with(
-        [STUBS], ["exp=thm_competitive_ratio", "theory.quick=true", "theory.x=16", "theory.policy=rlt", "tracking=disabled"]
+        [], ["exp=thm_competitive_ratio", "theory.quick=true", "theory.x=16", "theory.policy=rlt", "tracking=disabled"]
     )
     cfg["results_dir"] = str(tmp_path)
     (params,) = [p for p in grid(quick=True) if p["construction"] == "thm4" and p["policy"] == "rlt"
@@ -56,7 +55,7 @@ def test_theory_cell_shares_the_theory_cli_folder(tmp_path):
 def test_theory_cell_not_in_the_grid_is_a_config_error():
     from repro.backends.theory import validate_cell
 
-    cfg = compose_with([STUBS], ["exp=thm_competitive_ratio", "theory.x=5"])
+    cfg = compose_with([], ["exp=thm_competitive_ratio", "theory.x=5"])
     (msg,) = validate_cell(cfg)
     assert "no cell panel='thm4' x=5 policy='lru'" in msg and "1024" in msg
 
@@ -68,8 +67,8 @@ def test_local_layer_overrides_without_changing_signatures(tmp_path):
     text = text.replace("# results_dir: /shared/project/repro/results", f"results_dir: {tmp_path}/shared")
     text = text.replace("    entity: null", "    entity: my-team")
     (site / "local" / "default.yaml").write_text(text)
-    base = compose_with([STUBS], ["policy=lbgr_rlt"])
-    with_local = compose_with([site, STUBS], ["policy=lbgr_rlt"])
+    base = compose_with([], ["policy=lbgr_rlt"])
+    with_local = compose_with([site], ["policy=lbgr_rlt"])
     assert with_local["results_dir"] == f"{tmp_path}/shared"
     assert with_local["tracking"]["entity"] == "my-team" and base["tracking"]["entity"] is None
     assert cell_signature(with_local) == cell_signature(base)

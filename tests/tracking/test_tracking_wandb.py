@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pandas as pd
