@@ -33,7 +33,7 @@ def per_cell(mode: str, cells: int, queries: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(cells):
             spec = tiny_spec(
-                Path(tmp), "policy=fake_a", f"seed={seed}", f"tracking={mode}", f"workload.num_queries={queries}"
+                Path(tmp), f"seed={seed}", f"tracking={mode}", f"workload.num_queries={queries}", exp="tiny_fake"
             )
             t0 = time.perf_counter()
             out = run_cell_spec(spec)
@@ -55,10 +55,6 @@ def plan_fig2() -> tuple[int, float]:
         head = compose("config", overrides=["exp=fig2_main", *extra], return_hydra_config=True)
         params = OmegaConf.to_container(head.hydra.sweeper.params)
         ov = ["exp=fig2_main", *extra]
-        try:
-            import repro.backends.sim  # noqa: F401
-        except ImportError:
-            ov.append("backend.name=tests.harness.fake_backend")  # until the simulator lands
         plan_cells(params, ov, GridComposer("config"))  # warm the workload disk cache
         t0 = time.perf_counter()
         cells = plan_cells(params, ov, GridComposer("config"))

@@ -1,7 +1,8 @@
-"""Test-only backend and router: deterministic per-request records from the cell config.
+"""Test-only backend: deterministic per-request records from the cell config.
 
-Lets the harness be tested end to end (grids, launchers, resume, W&B) without the
-simulator. Selected with `backend.name: tests.harness.fake_backend` (tests/harness/conf).
+Cells of a chosen length (`backend.sleep_s`) or failing on purpose (`backend.fail_when_rate`),
+for the tests that need them (killing a sweep from outside). Selected with
+`backend.name: tests.harness.fake_backend` (tests/harness/conf/backend/fake.yaml).
 Every number depends only on the cell's config (seed, workload, policy, workers), never on
 the process or the wall clock, like a real backend.
 """
@@ -19,21 +20,7 @@ from omegaconf import DictConfig
 from repro.backends.base import RECORD_COLUMNS, CellResult
 
 
-class FakeRouter:
-    """Stands in for a real router in fixtures and stubs (extra knobs, e.g. LBGR's, are kept)."""
-
-    def __init__(self, name: str = "fake", round_robin: bool = False, **options):
-        if not isinstance(round_robin, bool):
-            raise TypeError("round_robin must be a bool")
-        self.name = name
-        self.round_robin = round_robin
-        self.options = options
-
-
 def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -> CellResult:
-    from hydra.utils import instantiate
-
-    router = instantiate(cfg.router)
     wl = cfg.workload
     rate = float(wl.request_rate)
     if cfg.backend.get("fail_when_rate") is not None and rate == float(cfg.backend.fail_when_rate):
@@ -43,7 +30,7 @@ def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -
     n, m = int(wl.num_queries), int(cfg.cluster.num_workers)
     rng = np.random.default_rng([int(cfg.seed), zlib.crc32(str(cfg.policy_name).encode())])
     arrival = np.cumsum(rng.exponential(1.0 / rate, n))
-    worker = np.arange(n) % m if router.round_robin else rng.integers(0, m, n)
+    worker = rng.integers(0, m, n)
     prompt = rng.integers(16, 96, n)
     cached = (prompt * rng.uniform(0.0, 0.9, n)).astype(np.int64)
     out_tokens = np.full(n, int(wl.output_len))

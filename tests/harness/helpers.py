@@ -68,12 +68,12 @@ def compose_fixture(overrides: list[str]):
         return resolve(compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"]))
 
 
-def tiny_spec(results: Path, *overrides: str):
-    """A CellSpec for one cell of the tiny fixture experiment, results under `results`."""
+def tiny_spec(results: Path, *overrides: str, exp: str = "tiny"):
+    """A CellSpec for one cell of a fixture experiment (tiny: simulator; tiny_fake), results under `results`."""
     from repro.harness.cell import CellSpec
     from repro.harness.compose import cell_signature
 
-    cfg = compose_fixture(["exp=tiny", *overrides])
+    cfg = compose_fixture([f"exp={exp}", *overrides])
     cfg["results_dir"] = str(results)
     return CellSpec(
         index=0,

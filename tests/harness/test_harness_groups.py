@@ -71,6 +71,4 @@ def test_group_option_builds(group, option):
             pytest.skip(f"backend {option} is not available here: {exc}")
         if option == "theory":
             cfg["theory"] = {"panel": "thm5", "x": 4, "policy": "rlt", "quick": True}
-    elif importlib.util.find_spec("repro.backends.sim") is None:  # until the simulator lands
-        cfg["backend"] = {"name": "tests.harness.fake_backend"}
     assert cell_errors(cfg, deep=True) == []

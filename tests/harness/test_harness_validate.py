@@ -108,7 +108,7 @@ def test_schema_rejects_typos_while_composing(tmp_path):
 def test_all_problems_of_all_cells_in_one_error():
     with fixture_compose() as c, pytest.raises(ConfigError) as info:
         plan_cells(
-            {"policy": "fake_a,fake_b", "workload.request_rate": "-1,6"},
+            {"policy": "random_lru,lbgr_rlt", "workload.request_rate": "-1,6"},
             ["exp=tiny", "cluster.num_workers=0"],
             c,
         )
@@ -116,19 +116,19 @@ def test_all_problems_of_all_cells_in_one_error():
     assert msg.startswith("invalid configuration: 4 of 4 cell(s); nothing was run.")
     assert "cluster.num_workers must be an integer >= 1 (got 0)" in msg
     assert "workload.request_rate must be > 0 req/s (got -1)" in msg
-    assert "0 [policy=fake_a workload.request_rate=-1]" in msg
+    assert "0 [policy=random_lru workload.request_rate=-1]" in msg
 
 
 def test_unknown_policy_is_reported_with_the_options():
     with fixture_compose() as c, pytest.raises(ConfigError) as info:
-        plan_cells({"policy": "fake_a,no_such_policy"}, ["exp=tiny"], c)
+        plan_cells({"policy": "random_lru,no_such_policy"}, ["exp=tiny"], c)
     msg = str(info.value)
-    assert "1 of 2 cell(s)" in msg and "Could not find 'policy/no_such_policy'" in msg and "fake_b" in msg
+    assert "1 of 2 cell(s)" in msg and "Could not find 'policy/no_such_policy'" in msg and "lbgr_rlt" in msg
 
 
 def test_router_that_cannot_be_built(good_cfg):
-    errs = deep_errors(with_(good_cfg, "router.round_robin", "yes"))
-    assert any("router (tests.harness.fake_backend.FakeRouter): cannot be built" in e for e in errs), errs
+    errs = deep_errors(with_(good_cfg, "router.no_such_knob", 1))
+    assert any("router (repro.routing.RandomRouter): cannot be built" in e and "no_such_knob" in e for e in errs), errs
     errs = deep_errors(with_(good_cfg, "router._target_", "repro.routing.NoSuchRouter"))
     assert any("NoSuchRouter" in e for e in errs), errs
 
@@ -162,7 +162,7 @@ def test_cache_smaller_than_one_request(good_cfg, fake_workloads):
 
 def test_each_workload_is_built_once_per_sweep(fake_workloads):
     with fixture_compose() as c:
-        plan_cells({"policy": "fake_a,fake_b", "seed": "0,1"}, ["exp=tiny", "cluster.kv_cache_tokens=4096"], c)
+        plan_cells({"policy": "random_lru,lbgr_rlt", "seed": "0,1"}, ["exp=tiny", "cluster.kv_cache_tokens=4096"], c)
     assert sorted(fake_workloads.builds) == sorted([("gsp", workload_seed(0)), ("gsp", workload_seed(1))])
 
 

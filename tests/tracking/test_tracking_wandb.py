@@ -15,7 +15,7 @@ from repro.harness.cell import run_cell_spec
 from repro.metrics import SUMMARY_KEYS
 from tests.harness.helpers import ROOT, tiny_spec
 
-ONE_CELL = ("policy=fake_a", "workload.request_rate=6.0")
+ONE_CELL = ("policy=random_lru", "workload.request_rate=6.0")
 
 
 def leet(*args: str) -> str:
@@ -59,7 +59,7 @@ def test_offline_run_holds_the_local_summary(tmp_path, monkeypatch):
     assert run_rec["run"]["run_group"] == "tiny"
     progress = [r["history"]["item"]["progress"] for r in records if r["type"] == "history"
                 and "progress" in r["history"]["item"]]
-    assert progress[0] == 0.25 and progress[-1] == 1 and progress == sorted(progress)
+    assert len(progress) >= 2 and 0 <= progress[0] < 1 and progress[-1] == 1 and progress == sorted(progress)
 
     (table_file,) = run_dir.glob("files/media/table/requests_*.table.json")
     table = json.loads(table_file.read_text())
@@ -115,7 +115,7 @@ def test_disabled_tracking_never_imports_wandb(tmp_path):
     code = (
         "import sys; from pathlib import Path; from repro.harness.cell import run_cell_spec; "
         "from tests.harness.helpers import tiny_spec; "
-        f"out = run_cell_spec(tiny_spec(Path({str(tmp_path)!r}), 'policy=fake_a', 'tracking=disabled')); "
+        f"out = run_cell_spec(tiny_spec(Path({str(tmp_path)!r}), 'policy=random_lru', 'tracking=disabled')); "
         "assert out.status == 'ran', out.error; assert 'wandb' not in sys.modules, 'wandb imported'"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
