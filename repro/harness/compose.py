@@ -14,10 +14,31 @@ from repro.results import run_signature
 _OPTIONAL_TOP_KEYS = ("theory", "local")
 
 
+# Real-valued knobs in open (schema-less) groups: `workload.request_rate=8` and `=8.0` must be the
+# same cell (same signature, same bytes), so integers there are stored as floats.
+CANONICAL_FLOATS = (
+    "workload.request_rate",
+    "workload.shared_prefix_ratio",
+    "router.decay_interval_s",
+    "router.decay_factor",
+)
+
+
+def _canonical_floats(cfg: dict) -> None:
+    for dotted in CANONICAL_FLOATS:
+        *path, last = dotted.split(".")
+        node = cfg
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(last), int) and not isinstance(node.get(last), bool):
+            node[last] = float(node[last])
+
+
 def resolve(cfg: DictConfig | Mapping) -> dict:
     """Plain, fully resolved containers (what signatures, workers and config.yaml see)."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
+        _canonical_floats(cfg)
     # `hydra` never belongs to a cell; schema-only optional keys left at null are dropped so
     # that a cell config is the same whether or not the schema took part in composition.
     return {k: v for k, v in cfg.items() if k != "hydra" and not (k in _OPTIONAL_TOP_KEYS and v is None)}

@@ -99,3 +99,13 @@ def test_flag_values_are_not_overrides():
 @pytest.mark.parametrize("tok", ["++exp=fig2_main", "exp=fig2_main"])
 def test_exp_forms(tok):
     assert prepare_argv([tok]).argv == ["exp=fig2_main"]
+
+
+def test_integer_and_float_spellings_of_a_rate_are_the_same_cell():
+    from tests.harness.helpers import compose_fixture
+    from repro.harness.compose import cell_signature
+
+    a = compose_fixture(["exp=tiny", "workload.request_rate=8", "router=lbgr", "router.decay_interval_s=1"])
+    b = compose_fixture(["exp=tiny", "workload.request_rate=8.0", "router=lbgr", "router.decay_interval_s=1.0"])
+    assert a["workload"]["request_rate"] == 8.0 and isinstance(a["workload"]["request_rate"], float)
+    assert a == b and cell_signature(a) == cell_signature(b)
