@@ -130,10 +130,10 @@ def test_failing_cell_is_reported_and_the_others_go_on(tmp_path, form):
 @pytest.mark.parametrize(
     "form,override,fragment",
     [
-        ("inprocess", "workload.request_rate=-1,6", "workload.request_rate must be > 0 req/s (got -1)"),
+        ("inprocess", "workload.request_rate=-1,6", "workload.request_rate must be > 0 req/s (got -1.0)"),
         ("inprocess", "cluster.num_workers=0", "cluster.num_workers must be an integer >= 1 (got 0)"),
         ("inprocess", "policy=random_lru,nope", "Could not find 'policy/nope'"),
-        ("multirun", "workload.request_rate=-1,6", "workload.request_rate must be > 0 req/s (got -1)"),
+        ("multirun", "workload.request_rate=-1,6", "workload.request_rate must be > 0 req/s (got -1.0)"),
     ],
 )
 def test_bad_config_fails_before_any_cell(tmp_path, monkeypatch, capsys, form, override, fragment):

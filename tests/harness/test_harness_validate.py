@@ -115,7 +115,7 @@ def test_all_problems_of_all_cells_in_one_error():
     msg = str(info.value)
     assert msg.startswith("invalid configuration: 4 of 4 cell(s); nothing was run.")
     assert "cluster.num_workers must be an integer >= 1 (got 0)" in msg
-    assert "workload.request_rate must be > 0 req/s (got -1)" in msg
+    assert "workload.request_rate must be > 0 req/s (got -1.0)" in msg
     assert "0 [policy=random_lru workload.request_rate=-1]" in msg
 
 
