@@ -141,7 +141,8 @@ SlurmctldPort=$PORT_CTLD
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire also delays the restart of a requeued job (default 120 s)
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 CredType=cred/munge
 # for connections to slurmdbd Slurm takes the munge socket from here, not from AuthInfo
 AccountingStoragePass=$MUNGE_SOCKET

@@ -5,8 +5,10 @@ a finished cell (summary.json present) is skipped; files are written atomically,
 numbers depend only on the config (seeded numpy), so a cell gives the same bytes on any launcher.
 Unlike it, it also records where it ran (launch.json: Slurm job/array ids, node, GPUs) and has fault knobs
 under `run.fault` (never part of a result: `run` is not in the signature):
-  sleep_s / sleep_task_ids  sleep inside the cell on the first attempt of these array tasks (to be
-                            scancelled, signalled or timed out); a requeued attempt does not sleep
+  sleep_s / sleep_task_ids  sleep inside the cell, once per results dir, in these array tasks (to be
+                            scancelled, signalled or timed out): the first attempt leaves a marker
+                            <results_dir>/.sleeping-<task> holding its job id <array>_<task>, and an attempt that
+                            finds the marker (requeued job, resubmitted sweep) does not sleep
   probe_nodes               run `srun -N1 -n1 -w <node> hostname` on every other node of the job, the way
                             the SGLang backend starts servers on the other nodes of a multi-node cell
 Run from the repository root:  python tests/slurm/fixture_app/app.py -m +exp=toy_grid hydra/launcher=slurm
@@ -101,12 +103,15 @@ def where_am_i(cfg: DictConfig) -> dict:
 def maybe_sleep(cfg: DictConfig) -> None:
     fault = cfg.run.fault
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
-    first_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0
-    if fault.sleep_s and first_attempt and task is not None and int(task) in list(fault.sleep_task_ids):
-        marker = Path(cfg.results_dir) / f".sleeping-{task}"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(os.environ.get("SLURM_JOB_ID", ""))
-        time.sleep(fault.sleep_s)
+    if not fault.sleep_s or task is None or int(task) not in list(fault.sleep_task_ids):
+        return
+    marker = Path(cfg.results_dir) / f".sleeping-{task}"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    # the id scancel takes for this one task (a bare SLURM_JOB_ID may be the whole array's id)
+    marker.write_text(f"{os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}")
+    time.sleep(fault.sleep_s)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="toy")
