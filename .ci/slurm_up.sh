@@ -142,7 +142,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # cred_expire also delays the restart of a requeued job (default 120 s)
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
 CredType=cred/munge
 # for connections to slurmdbd Slurm takes the munge socket from here, not from AuthInfo
 AccountingStoragePass=$MUNGE_SOCKET
@@ -152,6 +152,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 $ACCOUNTING
 SchedulerType=sched/backfill
+# a tiny cluster: schedule every 2 s (defaults 60 s / 30 s), so a requeued or newly eligible job starts at once
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 # memory is consumable as on real clusters; a job without --mem gets DefMemPerCPU per CPU
 SelectTypeParameters=CR_Core_Memory
