@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Bring up a throwaway single-node Slurm cluster on this machine (CI and local tests of the Slurm launchers).
+# Bring up a throwaway Slurm cluster on this one machine (CI and local tests of the Slurm launchers).
 #
-#   munged -> MariaDB -> slurmdbd -> slurmctld -> slurmd, from Debian 12 packages, each started by hand in the
+#   munged -> MariaDB -> slurmdbd -> slurmctld -> one slurmd per node (NNODES "nodes", all on this host), from
+#   Debian 12 packages, each started by hand in the
 #   foreground mode and backgrounded here (no systemd: the images' policy-rc.d forbids service starts).
 #   Everything it creates lives under $BASE: config, state, spool, logs, the munge key and socket, the
 #   database, and the recorded PIDs that .ci/slurm_down.sh stops (same BASE). Nothing global is touched
@@ -87,6 +88,7 @@ T1=$(now); log "packages: $(secs "$T0" "$T1")s"
 
 # ---- 2. layout, ports, config ------------------------------------------------------------------------------
 for p in $PORT_CTLD $(seq "$PORT_SLURMD" $((PORT_SLURMD + NNODES - 1))) $([ "$WITH_DBD" = 1 ] && echo "$PORT_DBD $PORT_DB"); do
+  command -v ss >/dev/null || break   # iproute2 missing: the daemons will say so themselves
   if ss -Hltn "( sport = :$p )" | grep -q .; then die "TCP port $p is already in use (another Slurm or MariaDB?)"; fi
 done
 rm -rf "$BASE"

@@ -31,6 +31,15 @@ class App:
 FIXTURE = App("fixture", (sys.executable, str(FIXTURE_APP)), "toy_grid", cells=4, fault_grid=("seed=0",))
 
 
+def die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the test process dies, even by SIGKILL, so that no Hydra process
+    is left polling sacct for a cluster that .ci/slurm_down.sh has already stopped (Linux prctl)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def unique_name(prefix: str = "repro-test") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -46,8 +55,10 @@ def multirun(app: App, results: Path, sweep: Path, *overrides: str, launcher: st
     env = {**os.environ, **app.env, "REPRO_RESULTS_DIR": str(results), "WANDB_MODE": "offline",
            "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "1", **(extra_env or {})}
     if background:
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=die_with_parent)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=die_with_parent)
 
 
 def sacct_rows(job_name: str, expect: int, timeout: float = 30, duplicates: bool = False) -> list[dict]:

@@ -22,6 +22,7 @@ from slurm_helpers import (
     REPO,
     cancel_by_name,
     cell_files,
+    die_with_parent,
     file_ids,
     multirun,
     sacct_rows,
@@ -74,6 +75,7 @@ def test_sweep_runs_every_cell_as_an_array_task_and_matches_local(slurm_cluster,
         proc = subprocess.run(
             [str(REPO / "launchers" / "slurm_sweep.sh"), app.exp, *app.grid, f"hydra.launcher.name={name}"],
             cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+            preexec_fn=die_with_parent,
         )
         assert proc.returncode == 0, output(proc)
         rows = sacct_rows(name, app.cells)
@@ -230,6 +232,7 @@ def test_gpu_cells_get_one_gpu_per_worker_and_span_nodes_when_needed(slurm_clust
             [str(REPO / "launchers" / "slurm_sweep.sh"), FIXTURE.exp, "backend=sglang", "seed=0",
              f"cluster.num_workers={small},{big}", "run.fault.probe_nodes=true", f"hydra.launcher.name={name}"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+            preexec_fn=die_with_parent,
         )
         assert proc.returncode == 0, output(proc) + "".join(
             p.read_text() for p in (tmp_path / "sweep").glob("*.log"))
