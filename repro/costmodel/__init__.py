@@ -10,4 +10,30 @@ Contract (ALGORITHMS.md §6):
     model.prefill_time_s(new_tokens, cached_tokens=0) -> float    # one request alone
     model.decode_time_s(batch, context_tokens) -> float            # one decode step
     kv_capacity_tokens(model_cfg, hardware_cfg, mem_fraction) -> int
+
+The form and every assumption are documented in `repro/costmodel/model.py`; the coefficients
+are fitted on the measured H200 profile (`repro/costmodel/data/h200_profile.json`) by
+`python -m repro.costmodel.calibrate [--write]` and live in `conf/model/<model>.yaml`.
 """
+
+from repro.costmodel.model import StepCostModel
+from repro.costmodel.specs import (
+    Coefficients,
+    CostModelConfigError,
+    HardwareSpec,
+    ModelSpec,
+    hardware_spec_from_config,
+    kv_capacity_tokens,
+    model_spec_from_config,
+)
+
+__all__ = [
+    "StepCostModel",
+    "kv_capacity_tokens",
+    "Coefficients",
+    "CostModelConfigError",
+    "HardwareSpec",
+    "ModelSpec",
+    "hardware_spec_from_config",
+    "model_spec_from_config",
+]

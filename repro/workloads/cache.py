@@ -1,0 +1,106 @@
+"""On-disk cache of tokenised workload pools.
+
+Directory: `$REPRO_CACHE_DIR`, default `.cache/workloads` under the current directory.
+A pool file is keyed by sha256 of: the workload config (minus the knobs applied after
+loading: request rate and order), the seed, the data file's sha256, the tokenizer's
+identity and the source code of this package (so changing a generator can never
+serve a stale pool). Files are written atomically (temp + rename); each starts with a
+magic string and the sha256 of its payload, so a truncated or corrupt file is
+detected on read, reported, and rebuilt.
+
+Hashing a 120 MB data file costs ~0.3 s, too much for every cell of a grid, so file
+checksums are memoised in `checksums.json` keyed by (real path, size, mtime_ns), the
+same trust rule `make` and git's index use.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from repro.results import atomic_write_bytes, atomic_write_json
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"REPROWL1"
+_DIGEST_LEN = 32
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REPRO_CACHE_DIR", ".cache/workloads"))
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over this package's Python sources (part of every cache key)."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(here.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a data file, memoised by (real path, size, mtime_ns)."""
+    path = Path(path)
+    st = path.stat()
+    memo_key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    memo_path = cache_dir() / "checksums.json"
+    memo: dict = {}
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    digest = memo.get(memo_key)
+    if isinstance(digest, str) and len(digest) == 64:
+        return digest
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    memo[memo_key] = digest
+    try:
+        atomic_write_json(memo_path, memo)
+    except OSError as exc:  # a read-only cache dir only costs speed
+        log.warning("could not write checksum memo %s: %s", memo_path, exc)
+    return digest
+
+
+def cache_key(payload: dict) -> str:
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def pool_path(name: str, key: str) -> Path:
+    return cache_dir() / f"{name}-{key[:32]}.pool"
+
+
+def read_payload(path: Path) -> bytes | None:
+    """Payload of a cache file, or None if it is missing or corrupt (corruption is logged)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("workload cache %s unreadable (%s); rebuilding", path, exc)
+        return None
+    head = len(MAGIC) + _DIGEST_LEN
+    if len(data) < head or not data.startswith(MAGIC):
+        log.warning("workload cache %s has a bad header; rebuilding", path)
+        return None
+    payload = data[head:]
+    if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
+        log.warning("workload cache %s fails its checksum (truncated or corrupt); rebuilding", path)
+        return None
+    return payload
+
+
+def write_payload(path: Path, payload: bytes) -> None:
+    atomic_write_bytes(path, MAGIC + hashlib.sha256(payload).digest() + payload)

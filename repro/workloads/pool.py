@@ -1,0 +1,198 @@
+"""A tokenised query pool: deduplicated text segments + queries that reference them.
+
+Every workload builds a `Pool`: the unordered set of queries it will serve, each
+prompt a sequence of segment ids (system prompt, document, message, role header ...).
+A segment shared by many prompts (a GSP system prompt, a LooGLE document, a
+conversation's history) is tokenised and stored once, which keeps the disk cache
+small and makes shared prefixes identical arrays by construction.
+
+Order, the `num_queries` cap and arrival times are applied afterwards (base.py), so
+one cached pool serves every request rate and both orders.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Pool:
+    seg_tokens: list[np.ndarray]  # int32 ids of each unique segment
+    seg_texts: list[str] | None  # its text (None: the workload has no text)
+    q_segments: list[tuple[int, ...]]  # prompt = concatenation of these segments
+    q_generated: list[np.ndarray]  # int32, exactly the query's output length
+    q_group: list[int]
+    q_conversation: list[int]
+    q_turn: list[int]
+    provenance: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.q_segments)
+
+    def prompt_tokens(self, i: int) -> np.ndarray:
+        segs = self.q_segments[i]
+        if len(segs) == 1:
+            return self.seg_tokens[segs[0]].copy()
+        return np.concatenate([self.seg_tokens[s] for s in segs])
+
+    def prompt_text(self, i: int) -> str | None:
+        if self.seg_texts is None:
+            return None
+        return "".join(self.seg_texts[s] for s in self.q_segments[i])
+
+    def prompt_len(self, i: int) -> int:
+        return int(sum(len(self.seg_tokens[s]) for s in self.q_segments[i]))
+
+    # -- serialisation (one .npz payload; the cache adds a checksum header) ---------
+    def to_bytes(self) -> bytes:
+        seg_len = np.array([len(t) for t in self.seg_tokens], dtype=np.int64)
+        arrays = {
+            "seg_tok": _concat_i32(self.seg_tokens),
+            "seg_off": _offsets(seg_len),
+            "q_seg": np.array([s for segs in self.q_segments for s in segs], dtype=np.int32),
+            "q_seg_off": _offsets(np.array([len(s) for s in self.q_segments], dtype=np.int64)),
+            "q_gen": _concat_i32(self.q_generated),
+            "q_gen_off": _offsets(np.array([len(g) for g in self.q_generated], dtype=np.int64)),
+            "q_group": np.asarray(self.q_group, dtype=np.int64),
+            "q_conv": np.asarray(self.q_conversation, dtype=np.int64),
+            "q_turn": np.asarray(self.q_turn, dtype=np.int64),
+            "provenance": np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
+        }
+        if self.seg_texts is not None:
+            blobs = [t.encode("utf-8", "surrogatepass") for t in self.seg_texts]
+            arrays["seg_text"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+            arrays["seg_text_off"] = _offsets(np.array([len(b) for b in blobs], dtype=np.int64))
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Pool":
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            a = {k: z[k] for k in z.files}
+        seg_tok, seg_off = a["seg_tok"], a["seg_off"]
+        seg_tokens = [seg_tok[seg_off[i] : seg_off[i + 1]] for i in range(len(seg_off) - 1)]
+        seg_texts = None
+        if "seg_text" in a:
+            blob, off = a["seg_text"].tobytes(), a["seg_text_off"]
+            seg_texts = [blob[off[i] : off[i + 1]].decode("utf-8", "surrogatepass") for i in range(len(off) - 1)]
+        q_seg, q_off = a["q_seg"].tolist(), a["q_seg_off"].tolist()
+        q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
+        gen, goff = a["q_gen"], a["q_gen_off"]
+        q_generated = [gen[goff[i] : goff[i + 1]] for i in range(len(goff) - 1)]
+        pool = cls(
+            seg_tokens=seg_tokens,
+            seg_texts=seg_texts,
+            q_segments=q_segments,
+            q_generated=q_generated,
+            q_group=a["q_group"].tolist(),
+            q_conversation=a["q_conv"].tolist(),
+            q_turn=a["q_turn"].tolist(),
+            provenance=json.loads(a["provenance"].tobytes().decode()),
+        )
+        pool.check()
+        return pool
+
+    def check(self) -> None:
+        """Structural invariants (a cache file that passes its checksum but not this is rejected)."""
+        n = len(self.q_segments)
+        if not (len(self.q_generated) == len(self.q_group) == len(self.q_conversation) == len(self.q_turn) == n):
+            raise ValueError("pool: per-query columns differ in length")
+        if self.seg_texts is not None and len(self.seg_texts) != len(self.seg_tokens):
+            raise ValueError("pool: segment texts and tokens differ in count")
+        nseg = len(self.seg_tokens)
+        for segs in self.q_segments:
+            if not segs or min(segs) < 0 or max(segs) >= nseg:
+                raise ValueError("pool: query references a missing segment")
+
+
+class PoolBuilder:
+    """Collects segments (deduplicated by text) and queries while a workload is built."""
+
+    def __init__(self, tokenizer, with_text: bool = True):
+        self.tokenizer = tokenizer
+        self.with_text = with_text
+        self._seg_index: dict[tuple, int] = {}
+        self.seg_tokens: list[np.ndarray] = []
+        self.seg_texts: list[str] = []
+        self.q_segments: list[tuple[int, ...]] = []
+        self.q_generated: list[np.ndarray] = []
+        self.q_group: list[int] = []
+        self.q_conversation: list[int] = []
+        self.q_turn: list[int] = []
+
+    def segment(self, text: str, tokens: np.ndarray | None = None) -> int:
+        """Id of the segment with this text (tokenised on first sight unless `tokens` given).
+
+        Given tokens are part of the identity: two id sequences that decode to the same
+        text (possible with an HF tokenizer) stay two segments.
+        """
+        if tokens is not None:
+            tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        key = (text, None if tokens is None else tokens.tobytes())
+        sid = self._seg_index.get(key)
+        if sid is None:
+            if tokens is None:
+                tokens = np.ascontiguousarray(self.tokenizer.encode(text), dtype=np.int32)
+            sid = len(self.seg_tokens)
+            self._seg_index[key] = sid
+            self.seg_tokens.append(tokens)
+            self.seg_texts.append(text)
+        return sid
+
+    def seg_len(self, sid: int) -> int:
+        return int(len(self.seg_tokens[sid]))
+
+    def add_query(self, segments, generated: np.ndarray, group: int, conversation: int, turn: int) -> None:
+        self.q_segments.append(tuple(int(s) for s in segments))
+        self.q_generated.append(np.ascontiguousarray(generated, dtype=np.int32))
+        self.q_group.append(int(group))
+        self.q_conversation.append(int(conversation))
+        self.q_turn.append(int(turn))
+
+    def __len__(self) -> int:
+        return len(self.q_segments)
+
+    def build(self, provenance: dict) -> Pool:
+        # drop segments no query uses (e.g. turns filtered out after tokenising)
+        used = sorted({s for segs in self.q_segments for s in segs})
+        remap = {old: new for new, old in enumerate(used)}
+        pool = Pool(
+            seg_tokens=[self.seg_tokens[s] for s in used],
+            seg_texts=[self.seg_texts[s] for s in used] if self.with_text else None,
+            q_segments=[tuple(remap[s] for s in segs) for segs in self.q_segments],
+            q_generated=list(self.q_generated),
+            q_group=list(self.q_group),
+            q_conversation=list(self.q_conversation),
+            q_turn=list(self.q_turn),
+            provenance=dict(provenance),
+        )
+        pool.check()
+        return pool
+
+
+def generated_tokens(reply_tokens: np.ndarray, output_len: int, eos_id: int) -> tuple[np.ndarray, bool]:
+    """First `output_len` tokens of the recorded reply, padded with EOS if the reply is shorter.
+
+    Returns (tokens, padded). Padding (rather than dropping short replies) keeps the set
+    of queries independent of `output_len`, so an output-length sweep changes one thing.
+    """
+    head = np.asarray(reply_tokens[:output_len], dtype=np.int32)
+    if len(head) == output_len:
+        return head, False
+    pad = np.full(output_len - len(head), eos_id, dtype=np.int32)
+    return np.concatenate([head, pad]), True
+
+
+def _concat_i32(arrays: list[np.ndarray]) -> np.ndarray:
+    if not arrays:
+        return np.zeros(0, dtype=np.int32)
+    return np.concatenate([np.asarray(a, dtype=np.int32) for a in arrays])
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

@@ -1,0 +1,68 @@
+"""Deterministic random text for generated workloads (GSP) and synthetic stand-ins.
+
+Text is drawn word by word from a fixed pool of 32768 distinct lowercase pseudo-words
+(1-8 ASCII letters, each with a leading space). The pool itself never changes (fixed
+seed); which words a workload uses comes from the workload's seeded generator. With
+the built-in tokenizer each pool word is exactly one token, so a segment of n words
++ "\\n" is exactly n + 1 tokens and its ids are known without running the regex.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from repro.workloads.tokenizer import BuiltinTokenizer
+
+WORD_POOL_SIZE = 32768
+_POOL_SEED = 20250101  # fixed: the pool is part of the workload definition, not of a run
+
+
+@functools.lru_cache(maxsize=1)
+def word_pool() -> np.ndarray:
+    """Object array of " word" strings (distinct)."""
+    rng = np.random.default_rng(_POOL_SEED)
+    n = WORD_POOL_SIZE * 2  # candidates; duplicates (short words) are dropped, first kept
+    lengths = rng.integers(2, 9, size=n)
+    letters = rng.integers(ord("a"), ord("z") + 1, size=(n, 8), dtype=np.uint8)
+    words: list[str] = []
+    seen: set[str] = set()
+    for row, k in zip(letters, lengths.tolist()):
+        w = " " + row[:k].tobytes().decode("ascii")
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+            if len(words) == WORD_POOL_SIZE:
+                break
+    return np.array(words, dtype=object)
+
+
+@functools.lru_cache(maxsize=4)
+def _pool_ids(vocab_size: int) -> np.ndarray:
+    tok = BuiltinTokenizer(vocab_size)
+    return np.array([tok.piece_id(w) for w in word_pool()], dtype=np.int32)
+
+
+def words_segment(rng: np.random.Generator, n_words: int, tokenizer, prefix: str = "") -> tuple[str, np.ndarray]:
+    """(text, tokens) of `prefix` + n random pool words + "\\n".
+
+    Built-in tokenizer: tokens are computed from the word indices directly (equal to
+    `tokenizer.encode(text)`, checked by the tests); otherwise the text is encoded.
+    """
+    idx = rng.integers(0, WORD_POOL_SIZE, size=max(int(n_words), 0))
+    text = prefix + "".join(word_pool()[idx]) + "\n"
+    if isinstance(tokenizer, BuiltinTokenizer):
+        parts = []
+        if prefix:
+            parts.append(tokenizer.encode(prefix))
+        parts.append(_pool_ids(tokenizer.vocab_size)[idx])
+        parts.append(np.array([tokenizer.piece_id("\n")], dtype=np.int32))
+        return text, np.concatenate(parts).astype(np.int32)
+    return text, tokenizer.encode(text)
+
+
+def lognormal_lengths(rng: np.random.Generator, n: int, mean: float, sigma: float, lo: int, hi: int) -> np.ndarray:
+    """Integer lengths from a log-normal with the given mean, clipped to [lo, hi]."""
+    mu = np.log(mean) - sigma * sigma / 2.0
+    return np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), lo, hi).astype(np.int64)

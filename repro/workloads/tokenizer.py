@@ -1,0 +1,184 @@
+"""Tokenizers: a deterministic built-in one (default) and a local Hugging Face one.
+
+Built-in tokenizer (`kind: builtin`, name ``builtin-v1``). No model files exist offline,
+so token ids come from a fixed rule, not a learned vocabulary:
+
+* the text is cut into pieces by one regular expression, left to right:
+  an optional leading space + 1-8 ASCII letters; an optional space + 1-2 other letters
+  (CJK and other scripts: real BPE vocabularies spend ~1-2 characters per token there);
+  an optional space + 1-3 digits (as Llama-3 splits numbers); an optional space + one
+  other visible character (punctuation, ``_``, symbols); or one whitespace character.
+  Every character belongs to exactly one piece, so ``"".join(pieces) == text``.
+* a piece's id is ``blake2b(piece) mod (vocab_size - 256)``; the top 256 ids are
+  reserved (``eos_id = vocab_size - 1``). Distinct pieces may share an id (as if the
+  vocabulary merged them); that never breaks determinism.
+* English text comes out at roughly one token per word (see the ShareGPT numbers in
+  the report of `python -m repro.workloads.stats workload=sharegpt`), close to
+  Llama-3's ~1.3 tokens per word.
+
+Prefix property (what makes shared text prefixes real in token space): a piece never
+spans a newline and a newline is never attached to a neighbour, so for any strings A, B
+
+    encode(A + "\\n" + B) == encode(A + "\\n") ++ encode(B)
+
+Every workload segment (system prompt, message, document, header) ends with "\\n",
+so with this tokenizer a request's `prompt_tokens == encode(text)` exactly and two
+prompts that share a segment-aligned text prefix share the same token prefix.
+
+HF tokenizer (`kind: hf`, `path:` a local directory with tokenizer files). Imported
+lazily; `transformers` is not a dependency. Segments are encoded one by one with
+`add_special_tokens=False` and concatenated, so shared prefixes are exact in token
+space, but `encode(text)` of a whole prompt may differ at segment joins (BPE merges):
+a live backend must send `prompt_tokens` (input ids), not the text, to keep them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+BUILTIN_NAME = "builtin-v1"
+BUILTIN_VOCAB_SIZE = 128_256  # Llama-3's vocabulary size, so ids look like real ones
+_NUM_RESERVED = 256
+
+# One alternative per piece kind; order matters (letters before the catch-all).
+_PIECE_RE = re.compile(
+    r" ?[A-Za-z]{1,8}"  # ASCII words, chunked every 8 letters
+    r"| ?[^\W\d_A-Za-z]{1,2}"  # other letters (CJK, Cyrillic, accented ...)
+    r"| ?\d{1,3}"  # numbers, three digits at a time
+    r"| ?(?:[^\s\w]|_)"  # one punctuation / symbol character
+    r"|\s",  # any whitespace character on its own
+    re.UNICODE,
+)
+
+
+class _PieceIds(dict):
+    """piece -> id, computed on first use (dict.__missing__ runs inside C lookups)."""
+
+    def __init__(self, modulus: int):
+        super().__init__()
+        self.modulus = modulus
+
+    def __missing__(self, piece: str) -> int:
+        digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        value = int.from_bytes(digest, "little") % self.modulus
+        self[piece] = value
+        return value
+
+
+class BuiltinTokenizer:
+    """Deterministic regex + hash tokenizer (module docstring has the rules)."""
+
+    kind = "builtin"
+
+    def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE):
+        if vocab_size <= _NUM_RESERVED:
+            raise ValueError(f"builtin tokenizer: vocab_size must exceed {_NUM_RESERVED}")
+        self.vocab_size = int(vocab_size)
+        self.name = BUILTIN_NAME
+        self.eos_id = self.vocab_size - 1
+        self._ids = _PieceIds(self.vocab_size - _NUM_RESERVED)
+
+    @staticmethod
+    def pieces(text: str) -> list[str]:
+        return _PIECE_RE.findall(text)
+
+    def encode(self, text: str) -> np.ndarray:
+        ids = list(map(self._ids.__getitem__, _PIECE_RE.findall(text)))
+        return np.array(ids, dtype=np.int32)
+
+    def piece_id(self, piece: str) -> int:
+        return self._ids[piece]
+
+    def identity(self) -> str:
+        """What the workload cache key records for this tokenizer."""
+        return f"{BUILTIN_NAME}:vocab={self.vocab_size}"
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size}
+
+
+# Files whose bytes define an HF tokenizer (hashed for the cache key, no import needed).
+_HF_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "vocab.txt",
+)
+
+
+class HFTokenizer:
+    """A local Hugging Face tokenizer (never downloads: `local_files_only=True`)."""
+
+    kind = "hf"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise FileNotFoundError(
+                f"tokenizer.path {str(self.path)!r} is not a directory; point it at a local "
+                "Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json ...)"
+            )
+        present = [f for f in _HF_FILES if (self.path / f).is_file()]
+        if not present:
+            raise FileNotFoundError(
+                f"tokenizer.path {str(self.path)!r} holds none of {', '.join(_HF_FILES)}"
+            )
+        h = hashlib.sha256()
+        for f in present:
+            h.update(f.encode() + b"\0" + (self.path / f).read_bytes() + b"\0")
+        self.files_sha256 = h.hexdigest()
+        self.name = self.path.name
+        self._tok = None
+
+    @property
+    def tok(self):
+        if self._tok is None:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise ImportError(
+                    "tokenizer.kind=hf needs the `transformers` package (pip install transformers); "
+                    "or use tokenizer.kind=builtin"
+                ) from exc
+            self._tok = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return int(len(self.tok))
+
+    @property
+    def eos_id(self) -> int:
+        eos = self.tok.eos_token_id
+        return int(eos) if eos is not None else 0
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids])
+
+    def identity(self) -> str:
+        return f"hf:{self.files_sha256}"
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "path": str(self.path), "files_sha256": self.files_sha256}
+
+
+def make_tokenizer(cfg: Mapping | None) -> BuiltinTokenizer | HFTokenizer:
+    """`{kind: builtin|hf, path: null|dir}` -> tokenizer (config already validated)."""
+    cfg = dict(cfg or {})
+    kind = cfg.get("kind", "builtin")
+    if kind == "builtin":
+        return BuiltinTokenizer()
+    if kind == "hf":
+        return HFTokenizer(cfg["path"])
+    raise ValueError(f"tokenizer.kind must be builtin or hf, got {kind!r}")
