@@ -31,6 +31,16 @@ class App:
 FIXTURE = App("fixture", (sys.executable, str(FIXTURE_APP)), "toy_grid", cells=4, fault_grid=("seed=0",))
 
 
+def harness_app() -> App | None:
+    """`python -m repro.run` on the harness's own tiny end-to-end experiment (2 policies x 2 rates, fake
+    backend), once the harness is in this tree; None before."""
+    conf = REPO / "tests" / "harness" / "conf"
+    if not (REPO / "repro" / "run.py").exists() or not (conf / "exp" / "tiny.yaml").exists():
+        return None
+    return App("repro.run", (sys.executable, "-m", "repro.run", "--config-dir", str(conf)), "tiny", cells=4,
+               fault_grid=("workload.request_rate=6.0",))
+
+
 def die_with_parent() -> None:
     """preexec_fn: SIGTERM this child when the test process dies, even by SIGKILL, so that no Hydra process
     is left polling sacct for a cluster that .ci/slurm_down.sh has already stopped (Linux prctl)."""

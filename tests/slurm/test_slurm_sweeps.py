@@ -2,9 +2,10 @@
 local run byte for byte, finished cells are skipped on resubmission, killed / cancelled / timed-out cells are
 reported (no hang) and a requeued or resubmitted cell completes.
 
-The app is the fixture (tests/slurm/fixture_app), which has the harness's result layout and run
-signatures; faults are injected from the outside (a setup line in the batch script, scancel, a signal),
-so the same checks apply to any Hydra app run through these launchers.
+The first two tests run `python -m repro.run` (the harness's tiny experiment) when the harness is in the
+tree, else the fixture app (tests/slurm/fixture_app: the harness's result layout and run signatures); the
+others run the fixture, which can sleep inside a cell on demand. Faults are injected from the outside (a
+setup line in the batch script, scancel, a signal), so the checks hold for any Hydra app on these launchers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from slurm_helpers import (
     cell_files,
     die_with_parent,
     file_ids,
+    harness_app,
     multirun,
     sacct_rows,
     unique_name,
@@ -32,7 +34,9 @@ from slurm_helpers import (
 
 pytestmark = pytest.mark.slurm
 
-APPS = [FIXTURE]
+# the real `python -m repro.run` once the harness is in the tree, the fixture app before (the fault tests
+# below use the fixture: it can sleep inside a cell on demand)
+APPS = [harness_app() or FIXTURE]
 
 
 def output(proc) -> str:
