@@ -95,7 +95,11 @@ def gres_gpus(gres: str) -> int:
 
 def node_gpus_from_sinfo(partition: str | None) -> int:
     cmd = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"plan_gpu_arrays: cannot ask sinfo for the GPUs per node ({exc})", file=sys.stderr)
+        return 0
     return max((gres_gpus(line) for line in out.split()), default=0)
 
 

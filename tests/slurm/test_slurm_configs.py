@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_helpers import FIXTURE, REPO
+from slurm_helpers import FIXTURE, REPO, harness_app
 
 FIXTURE_CONF = REPO / "tests" / "slurm" / "fixture_app" / "conf"
 
@@ -31,16 +31,25 @@ planner = load_planner()
 
 
 # ---- launcher configs -------------------------------------------------------------------------------------------
-def launcher_cfg(launcher: str, *overrides: str, site: Path | None = None) -> dict:
+def launcher_cfg(launcher: str, *overrides: str, site: Path | None = None, app: str = "fixture") -> dict:
+    """hydra.launcher as the app resolves it: the fixture app (toy config + the repository's conf/ on the search
+    path) or the harness (`python -m repro.run`'s conf/config.yaml + its tiny test experiment)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     paths = [f"file://{site}"] if site else []
-    paths.append(f"file://{REPO}/conf")
+    if app == "fixture":
+        conf_dir, name, exp = FIXTURE_CONF, "toy", "exp=toy_grid"
+        paths.append(f"file://{REPO}/conf")
+    else:
+        import repro.harness.schema  # noqa: F401  (registers the schema, as repro.run does)
+
+        conf_dir, name, exp = REPO / "conf", "config", "exp=tiny"
+        paths.append(f"file://{REPO}/tests/harness/conf")
     os.environ.setdefault("REPRO_ROOT", str(REPO))
-    with initialize_config_dir(config_dir=str(FIXTURE_CONF), version_base="1.3"):
-        cfg = compose("toy", overrides=[f"hydra/launcher={launcher}", "exp=toy_grid", f"hydra.searchpath=[{','.join(paths)}]",
-                                        *overrides], return_hydra_config=True)
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(name, overrides=[f"hydra/launcher={launcher}", exp, f"hydra.searchpath=[{','.join(paths)}]",
+                                       *overrides], return_hydra_config=True)
         return OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
 
 
@@ -121,6 +130,18 @@ def test_site_settings_are_not_part_of_the_run_signature(tmp_path):
         sigs.append(run_signature(cfg))
     assert cfg.local.slurm.partition == "somewhere"  # the site file was loaded in the second run
     assert sigs[0] == sigs[1]
+
+
+if harness_app() is not None:
+
+    @pytest.mark.parametrize("launcher", ["slurm", "slurm_gpu"])
+    def test_site_file_reaches_the_launchers_of_repro_run(tmp_path, launcher):
+        """The site file must survive repro.run's own config (its structured schema, conf/local/default.yaml)."""
+        site = write_site(tmp_path, "account: acct\ncpu: {partition: cpu}\ngpu: {partition: gpu}\n")
+        p = launcher_cfg(launcher, site=site, app="repro.run")
+        assert (p["account"], p["partition"]) == ("acct", "cpu" if launcher == "slurm" else "gpu"), p
+        if launcher == "slurm_gpu":
+            assert p["gpus_per_node"] == 2  # cluster.num_workers of the tiny experiment
 
 
 # ---- the sbatch script submitit writes (stub sbatch, no cluster) ---------------------------------------------------
