@@ -68,6 +68,8 @@ PINNED=()   # the user's arguments minus any worker-count override: each array p
 for a in "${ARGS[@]}"; do case "${a#+}" in cluster.num_workers=*) ;; *) PINNED+=("$a") ;; esac; done
 mkdir -p "$SWEEP_DIR"
 declare -A PIDS=()
+# stop the waiting Hydra processes if we are interrupted (the jobs stay queued: scancel them by name if wanted)
+trap 'kill "${PIDS[@]}" 2>/dev/null' INT TERM
 while IFS=$'\t' read -r n nodes per_node shape; do
   [ -n "$n" ] || continue
   echo "slurm_sweep: workers=$n -> $nodes node(s) x $per_node GPU(s); log: $SWEEP_DIR/workers_$n.log"
@@ -76,8 +78,6 @@ while IFS=$'\t' read -r n nodes per_node shape; do
     "${SHAPE[@]}" > "$SWEEP_DIR/workers_$n.log" 2>&1 &
   PIDS[$n]=$!
 done <<< "$PLAN"
-# stop the waiting Hydra processes if we are interrupted (the jobs stay queued: scancel them by name if wanted)
-trap 'kill "${PIDS[@]}" 2>/dev/null' INT TERM
 status=0
 for n in "${!PIDS[@]}"; do
   if wait "${PIDS[$n]}"; then
