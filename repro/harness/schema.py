@@ -68,7 +68,7 @@ class ReproSchema:
     backend: Dict[str, Any] = field(default_factory=dict)
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
     theory: Optional[Dict[str, Any]] = None  # backend=theory: the cell's parameters
-    local: Optional[Dict[str, Any]] = None  # per-site values (conf/local/), referenced by interpolation
+    local: Dict[str, Any] = field(default_factory=dict)  # per-site values (conf/local/), referenced by interpolation
 
 
 def register_schemas() -> None:
