@@ -1,8 +1,6 @@
 """Slurm tests: they need a running cluster (.ci/slurm_up.sh) and SLURM_CONF exported.
 
-Without a cluster they skip, with the reason. Under CI=true a skipped test carrying a required marker
-fails the run instead, so CI cannot go green by silently not testing Slurm. The hook is written for any
-marker list (fail_required_skips_under_ci) so it can move to tests/conftest.py unchanged.
+Without a cluster they skip, with the reason; under CI=true that skip fails the run (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,33 +11,6 @@ import subprocess
 from dataclasses import dataclass
 
 import pytest
-
-# Markers whose tests must not be skipped when CI=true.
-REQUIRED_UNDER_CI: tuple[str, ...] = ("slurm",)
-
-
-def ci_enabled() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def fail_required_skips_under_ci(item: pytest.Item, report: pytest.TestReport, markers) -> None:
-    """Turn the skip of a test carrying one of `markers` into a failure when CI=true (xfail untouched)."""
-    if not (report.skipped and ci_enabled()) or hasattr(report, "wasxfail"):
-        return
-    hit = [m for m in markers if item.get_closest_marker(m) is not None]
-    if not hit:
-        return
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    reason = reason.removeprefix("Skipped: ")
-    report.outcome = "failed"
-    report.longrepr = f"CI=true: a test marked {hit[0]!r} must run, but it was skipped: {reason}"
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    fail_required_skips_under_ci(item, outcome.get_result(), REQUIRED_UNDER_CI)
-
 
 @dataclass(frozen=True)
 class SlurmCluster:

@@ -320,9 +320,11 @@ def test_slurm_down_stops_recorded_pids_only_if_start_time_matches(tmp_path):
 
 # ---- the CI=true hook -------------------------------------------------------------------------------------------
 def test_skipped_slurm_test_fails_under_ci_only(tmp_path):
-    (tmp_path / "conftest.py").write_text((REPO / "tests" / "slurm" / "conftest.py").read_text())
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slurm: x\n")
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent("""
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "conftest.py").write_text((REPO / "tests" / "slurm" / "conftest.py").read_text())
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slurm: x\n    sglang: y\n")
+    (tmp_path / "inner" / "test_inner.py").write_text(textwrap.dedent("""
         import pytest
 
         @pytest.mark.slurm
