@@ -10,7 +10,7 @@ finished cell:
 - every summary.json metric under its own name (`hit_rate`, `latency_p50_s`, ...);
 - provenance under `prov.` (`prov.backend`, `prov.workload.synthetic`, ...);
 - timings.json under `timings.` (`timings.harness.backend_wall_s`,
-  `timings.backend.eviction.total_s`, ...);
+  `timings.eviction.total_s`, ...);
 - DERIVED per-cell columns (add_overheads): eviction / routing ms per query, cpu_s.
 
 Lists become tuples (hashable, comparable). Folders without summary.json are unfinished or
@@ -188,9 +188,12 @@ def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
     def col(name):
         return pd.to_numeric(df[name], errors="coerce") if name in df else pd.Series(np.nan, index=df.index)
 
-    df["eviction_ms_per_query"] = col("timings.backend.eviction.total_s") / n * 1e3
-    routing = col("timings.backend.routing.total_s")
-    callbacks = col("timings.backend.completion_callback.total_s").fillna(0.0)
+    def backend(key):  # the backend's timings sit at the top level (older cells: under "backend")
+        return col(f"timings.{key}").fillna(col(f"timings.backend.{key}"))
+
+    df["eviction_ms_per_query"] = backend("eviction.total_s") / n * 1e3
+    routing = backend("routing.total_s")
+    callbacks = backend("completion_callback.total_s").fillna(0.0)
     df["routing_ms_per_query"] = (routing + callbacks) / n * 1e3
     # backend wall time of the cell: the harness's, else what a standalone runner recorded
     # (repro.theory.competitive_ratio writes cpu_s / wall_s at the top of timings.json)

@@ -73,6 +73,23 @@ def title(name: str) -> str:
     return text.split(": ", 1)[1] if ": " in text else text
 
 
+def kv_tokens(df: pd.DataFrame) -> str:
+    """The per-worker KV capacities the cells ran with (provenance kv_capacity_tokens)."""
+    col = "prov.kv_capacity_tokens"
+    if col not in df:
+        return "—"
+    caps = set()
+    for v in df[col]:
+        if isinstance(v, tuple):
+            caps.update(int(c) for c in v)
+        elif v is not None and v == v:
+            caps.add(int(v))
+    if not caps:
+        return "—"
+    lo, hi = min(caps), max(caps)
+    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+
+
 def _seconds(v: float) -> str:
     if v != v or v <= 0:
         return "n/a"
@@ -101,6 +118,7 @@ def figures_table(results_dir: str | Path, claims_table: pd.DataFrame) -> str:
             "Run": f"`python -m repro.run +exp={exp}`",
             "Backend": backend,
             "Cells": cells,
+            "KV tokens/worker": kv_tokens(df),
             "CPU time": _seconds(cpu),
             "Outputs": " · ".join(f"[{o.rsplit('.', 1)[1]}](figures/{o})" for o in outputs(name)),
             "Claims": status.get(name, "—"),
