@@ -15,6 +15,6 @@ FIGURE = PerfFigure(
     x_label="decay interval Δt (s)",
     x_log=10,
     notes="Appendix figure reconstructed from §5's ablation paragraph (Appendix B is missing): Δt swept with the "
-    "decay factor γ fixed; dashed lines are systems without the knob.",
+    "decay factor γ fixed; dotted lines are systems without the knob.",
 )
 NAME, EXP, render = FIGURE.name, FIGURE.exp, FIGURE.render

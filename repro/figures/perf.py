@@ -11,7 +11,8 @@ repro.figures.load, checks the cells pool cleanly over seeds, and writes
 kind "bars": one bar per system (fig2/3/4); kind "sweep": x = a swept config field, one line
 per system (fig5-7, 10-14). Error bars / bands are ± one sample SD over seeds (none for one
 seed). A system whose cells lack the x field (e.g. Cache-Aware in the decay-interval sweep)
-is drawn as a dashed horizontal reference line.
+is drawn as a dotted horizontal reference line. RLT systems are dashed lines, so an RLT line
+lying exactly on its LRU sibling stays visible.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ def wide_range(part: pd.DataFrame, metric: str) -> bool:
     vals = part[metric].to_numpy(dtype=float)
     vals = vals[np.isfinite(vals) & (vals > 0)]
     return len(vals) > 1 and vals.max() / vals.min() > LOG_SPAN
+
+
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
+
+
+def line_style(system: str, systems: list[str]) -> dict:
+    """A marker per system; RLT variants dashed, so that an RLT line lying exactly on its LRU
+    sibling (no eviction) still shows both colours."""
+    return {"marker": MARKERS[systems.index(system) % len(MARKERS)], "ms": 3.5, "lw": 1.2,
+            "ls": (0, (4, 2)) if system.endswith("+RLT") else "-"}
 
 
 def log_axis(ax) -> None:
@@ -167,8 +178,8 @@ class PerfFigure:
         reference = {s for s in systems if self.kind == "sweep" and agg.loc[agg[SYSTEM] == s, self.x].isna().all()}
         handles = [
             Patch(facecolor=colors[s], label=s) if self.kind == "bars" else
-            Line2D([0], [0], color=colors[s], ls="--" if s in reference else "-",
-                   marker=None if s in reference else "o", ms=3, label=s)
+            Line2D([0], [0], color=colors[s], label=s,
+                   **({"ls": ":", "lw": 1.2} if s in reference else line_style(s, systems)))
             for s in systems
         ]
         height = fig.get_figheight()
@@ -209,15 +220,17 @@ class PerfFigure:
             line = row.dropna(subset=[self.x]).sort_values(self.x)
             if line.empty:  # the system does not have this knob: horizontal reference
                 mean = metric_values(metric, row[metric])[0]
-                ax.axhline(mean, color=colors[s], ls="--", lw=1.0)
+                ax.axhline(mean, color=colors[s], ls=":", lw=1.2)
                 continue
             x = line[self.x].to_numpy(dtype=float) * scale
             y = metric_values(metric, line[metric])
             sd = metric_values(metric, line[f"{metric}_sd"])
-            ax.plot(x, y, color=colors[s], marker="o", ms=3, lw=1.2)
+            ax.plot(x, y, color=colors[s], **line_style(s, systems))
             if (line["n_seeds"] > 1).any():
                 lo = np.maximum(y - sd, y * 1e-3) if metric in LOG_METRICS else y - sd
                 ax.fill_between(x, lo, y + sd, color=colors[s], alpha=0.18, lw=0)
+        if metric not in LOG_METRICS:  # hit rate and throughput from 0: small differences stay small
+            ax.set_ylim(bottom=0)
         if self.x_log:
             ax.set_xscale("log", base=self.x_log)
         ticks = sorted(set((xs_all.to_numpy(dtype=float) * scale).tolist()))

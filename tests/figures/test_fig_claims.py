@@ -149,3 +149,10 @@ def test_theory_claims_follow_the_numbers(results_copy):
     v = verdicts(results_copy)
     assert v["thm.lru_linear"][0] == PARTLY and "x=64" in v["thm.lru_linear"][1]
     assert v["thm.rlt_harmonic"][0] == NOT
+
+
+def test_cited_notes_are_listed_under_the_table(fixture_results, monkeypatch):
+    monkeypatch.setattr(claims, "NOTES", {"a": "note a cites [b]", "b": "note b", "c": "unused"})
+    monkeypatch.setattr(claims, "WHY", {"tab2.ca_rlt_latency": {PARTLY: "see [a]"}})
+    md = claims.to_markdown(claims.evaluate(fixture_results))
+    assert "- **[a]** note a cites [b]" in md and "- **[b]** note b" in md and "unused" not in md
