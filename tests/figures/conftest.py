@@ -6,22 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fig_fixture import make_results
-
-REPRODUCE_TEMPLATE = """# Reproduction status (test copy)
-
-hand-written text before
-
-<!-- BEGIN GENERATED: figures (python -m repro.figures; do not edit by hand) -->
-<!-- END GENERATED: figures -->
-
-hand-written text between
-
-<!-- BEGIN GENERATED: claims (python -m repro.figures; do not edit by hand) -->
-<!-- END GENERATED: claims -->
-
-hand-written text after
-"""
+from fig_fixture import REPRODUCE_TEMPLATE, make_results
 
 
 @pytest.fixture(scope="session")

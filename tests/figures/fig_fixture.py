@@ -27,6 +27,22 @@ SYSTEMS = {  # policy_name -> (router, eviction, latency factor, hit-rate bonus)
 WORKLOADS = ("gsp", "sharegpt", "ultrachat", "loogle")
 OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
 
+# A REPRODUCE.md with hand-written prose around the two generated blocks.
+REPRODUCE_TEMPLATE = """# Reproduction status (test copy)
+
+hand-written text before
+
+<!-- BEGIN GENERATED: figures (python -m repro.figures; do not edit by hand) -->
+<!-- END GENERATED: figures -->
+
+hand-written text between
+
+<!-- BEGIN GENERATED: claims (python -m repro.figures; do not edit by hand) -->
+<!-- END GENERATED: claims -->
+
+hand-written text after
+"""
+
 def grid(exp: str, small: bool = False) -> list[dict]:
     """The cells of one experiment: dicts of system, seed and the overridden knobs.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fig_fixture import set_metric
+from fig_fixture import REPRODUCE_TEMPLATE, set_metric
 
 from repro.figures import claims
 from repro.figures.__main__ import main
@@ -117,8 +117,6 @@ def test_no_results_means_no_data(tmp_path):
 
 
 def test_check_detects_drift(results_copy, tmp_path):
-    from conftest import REPRODUCE_TEMPLATE
-
     md, figures = tmp_path / "REPRODUCE.md", tmp_path / "figures"
     md.write_text(REPRODUCE_TEMPLATE)
     args = ["--results-dir", str(results_copy), "--figures-dir", str(figures), "--reproduce-md", str(md)]
