@@ -1,5 +1,5 @@
 # Every target runs from the repository root. PYTHON can point at a venv's interpreter.
-PYTHON ?= python
+PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu"
 
 .PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env clean
