@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from repro.backends.sglang import protocol
+from repro.workloads.request import Request
 
 log = logging.getLogger("repro.emulated_worker")
 
@@ -310,8 +311,6 @@ class EmulatedWorker:
 
     def submit(self, inp: protocol.GenerateInput) -> tuple[int, _Stream]:
         """Queue one request on the scheduler; returns (index, its stream)."""
-        from repro.workloads.request import Request
-
         if self.scheduler_error is not None:
             raise RuntimeError(f"scheduler failed: {self.scheduler_error!r}")
         prompt = self._prompt_ids(inp)

@@ -67,6 +67,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from repro.backends.sglang import protocol
+from repro.routing.lbgr import tracker_access
+from repro.workloads.request import Request
 
 log = logging.getLogger("repro.router_service")
 
@@ -455,8 +457,6 @@ class RouterService:
         return np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
 
     def _on_dispatch(self, f: _Flight, w: WorkerState) -> None:
-        from repro.routing.lbgr import tracker_access
-
         f.worker = w.worker_id
         w.dispatched += 1
         plen = len(f.prompt_key) // 4
@@ -500,9 +500,6 @@ class RouterService:
         return best[1] if best else None
 
     def _finish_success(self, f: _Flight, w: WorkerState) -> None:
-        from repro.routing.lbgr import tracker_access
-        from repro.workloads.request import Request
-
         now_wall = asyncio.get_running_loop().time()
         self._release(f, w)
         w.completed += 1
@@ -623,7 +620,6 @@ class RouterService:
             prompt = self._prompt_ids(inp)
         except protocol.ProtocolError as exc:
             return self._reject(400, str(exc), "invalid_request_error")
-        from repro.workloads.request import Request
 
         key = self._next_key
         self._next_key += 1
