@@ -25,4 +25,54 @@ that separately written parts fit; the implementation lives in this package):
 
 `tokens` is an int32 numpy array, a sequence of ints, or bytes of packed int32 (the
 internal key format; key comparison runs in C on bytes, never token by token in Python).
+
+Policies (one class each, built from conf/eviction/*.yaml by `make_eviction(cfg, seed)`;
+`make_cache(capacity_tokens, eviction_cfg, seed)` builds both): `LRUEviction` (leaf LRU),
+`RLTEviction` (marking algorithm on leaves) and `OPTEviction` (offline Belady, built by the
+replayer / theory code from a `TraceIndex` of the whole trace). `cache.stats()` returns the
+counters (evicted tokens, RLT phases, RLT random-vs-fallback evictions).
+`cache.process_path(tokens)` is the paper's token-by-token path model (the replayer's step).
+Errors: `CapacityError` (tokens do not fit), `ValueError` (bad arguments).
 """
+
+from repro.kvcache.eviction import (
+    POLICY_NAMES,
+    EvictionPolicy,
+    LRUEviction,
+    OPTEviction,
+    RLTEviction,
+    make_cache,
+    make_eviction,
+)
+from repro.kvcache.radix_cache import (
+    GRANULARITIES,
+    CapacityError,
+    InsertResult,
+    MatchResult,
+    Node,
+    PathResult,
+    RadixCache,
+    as_key,
+    key_to_tokens,
+)
+from repro.kvcache.trace_index import TraceIndex
+
+__all__ = [
+    "GRANULARITIES",
+    "POLICY_NAMES",
+    "CapacityError",
+    "EvictionPolicy",
+    "InsertResult",
+    "LRUEviction",
+    "MatchResult",
+    "Node",
+    "OPTEviction",
+    "PathResult",
+    "RLTEviction",
+    "RadixCache",
+    "TraceIndex",
+    "as_key",
+    "key_to_tokens",
+    "make_cache",
+    "make_eviction",
+]

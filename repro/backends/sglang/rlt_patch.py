@@ -1,0 +1,357 @@
+"""RLT (Randomized Leaf Token, paper Algorithm 1) inside SGLang 0.5.23's RadixCache -- a patch, not a fork.
+
+`apply()` (idempotent, called at start-up by `repro.backends.sglang.server` in the server process
+and, through the `spawn` start method, in every scheduler process) does four things:
+
+1. registers `rlt` -> `RLTStrategy` in SGLang's eviction-policy name table
+   (`sglang/srt/mem_cache/utils.py: _EVICTION_POLICY_FACTORIES`) and in the CLI choices of
+   `--radix-eviction-policy`;
+2. wraps four `RadixCache` methods; each wrapper does nothing extra unless the cache's
+   `eviction_strategy` is an `RLTStrategy`, so LRU/LFU/... caches behave exactly as before:
+   * `match_prefix` / `insert`: mark every node of the accessed path (marking hook);
+   * `_split_node`: the new upper node inherits the split node's mark;
+   * `_delete_leaf`: an evicted marked node takes its tokens out of the mark count;
+   * `evict`: the phase check, then SGLang's own heap loop (see "Eviction" below);
+   * `reset` (flush): marks and counters start over;
+3. registers the radix-cache backend `repro_radix` (`sglang/srt/mem_cache/registry.py`), whose
+   factory builds SGLang's plain `RadixCache`. SGLang 0.5.23's *default* selection chain builds
+   `UnifiedRadixCache` (a different tree with its own eviction loop, which these hooks do not
+   reach), so the server entry point adds `--radix-cache-backend repro_radix` with `rlt`.
+
+What the patched SGLang does (node granularity, as SGLang evicts)
+-----------------------------------------------------------------
+* Marks. A node is marked iff `node._rlt_phase == strategy.phase`, so clearing every mark is
+  `phase += 1`. Every token SGLang accesses is marked: after `match_prefix` the matched path
+  root..last_node, after `insert` the whole inserted path (cached prefix + new tokens). Marks
+  are counted in tokens (`len(node.key)`). SGLang's match and insert already split the node
+  where an access ends, so every access covers whole nodes and marks need no extra split:
+  the patched tree has exactly the nodes the unpatched one has. A split node's two parts
+  keep its mark. Marks live on cached tokens: evicting a marked node lowers the count (the
+  project's decision, the same as `repro.kvcache.RLTEviction`; the paper does not say).
+* Phase reset. B + 1 distinct marked tokens (B = the cache's token capacity) happen exactly
+  when a miss needs room in a full cache whose cached tokens are all marked. SGLang evicts
+  *before* it inserts the missed tokens, so the patch checks, before every victim, whether
+  every cached token (`evictable_size + protected_size`) is marked and then starts a new
+  phase. All marks are cleared: the "most recently accessed token" that the paper keeps marked
+  is the missed token itself, not cached yet; the insert that follows marks it. In a live
+  server the allocator also holds KV of running requests outside the tree, so there the reset
+  is "no unmarked token left in the tree when an eviction is needed".
+* Eviction. Victims are uniform among the UNMARKED evictable leaf nodes and are evicted whole;
+  if no unmarked leaf is evictable (all locked or interior), the least recently used
+  evictable leaf (`last_access_time`, SGLang's LRU clock) -- the fallback the paper leaves
+  open. Priorities: `(0, key)` for unmarked, `(1, last_access_time)` for marked leaves, so
+  every unmarked leaf sorts below every marked one. SGLang's `evict` computes all priorities
+  once per call and then pops; to keep each pop uniform over the leaves present *at that
+  moment* (a parent exposed mid-call included), keys are exponential clocks: a leaf present
+  when the heap is built gets Exp(1), a parent exposed after its last child was popped gets
+  (that child's key) + Exp(1) -- by memorylessness every pop is then a uniform draw. The
+  phase check cannot run inside SGLang's loop, so `evict` calls it in chunks of at most the
+  number of unmarked cached tokens: a chunk then ends at or before the moment all unmarked
+  tokens are gone, and the next chunk checks the phase first.
+* Randomness: `numpy.random.default_rng(seed)`, `seed` from `--radix-eviction-policy-config
+  '{"seed": S}'` (default 0). With tensor parallelism every rank holds its own tree and must
+  evict identically: they do, as they share the seed and see the same calls.
+
+How it differs from our tree's node-granularity RLT (`repro.kvcache.RLTEviction`)
+---------------------------------------------------------------------------------
+Same marks, phase rule, victim distribution and fallback on the same sequence of bulk verbs
+(match / insert / lock / evict). Differences: (1) the random streams (same distribution, not
+the same draws); (2) SGLang stamps `last_access_time` on the whole node a match or insert
+walks into, including the part after the access boundary that the split leaves unaccessed,
+whereas our tree stamps accessed tokens only -- this changes the LRU *fallback* order, never
+the uniform draws; (3) our replayer's token-by-token `process_path` can start a new phase in
+the middle of a missed run; SGLang has no such verb (it inserts a request's tokens in bulk).
+
+LRU: SGLang's `lru` is leaf LRU over `last_access_time`, i.e. our L-LRU up to difference (2),
+which tests/sglang/test_parity.py pins down: with SGLang's rule emulated on our tree the two
+give identical matched lengths and evictions on random sequences; without it they drift apart
+(e.g. hit rate 0.4237 vs 0.4219 on the GSP benchmark trace). No LRU variant is registered in
+SGLang: the live backend's baseline is SGLang's own `lru` (the paper's baseline), and the fix
+that makes the two identical belongs in repro.kvcache (stamp the remainder of a node split by an
+access at node granularity, as SGLang does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+RLT_POLICY_NAME = "rlt"
+RADIX_BACKEND_NAME = "repro_radix"
+
+_applied = False
+
+
+def _sglang():
+    """Import the SGLang modules the patch touches (lazily: importing this module is cheap)."""
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.mem_cache import base_prefix_cache, evict_policy, radix_cache, registry, utils
+
+    return choices, base_prefix_cache, evict_policy, radix_cache, registry, utils
+
+
+def _strategy_base():
+    from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+
+    return EvictionStrategy
+
+
+def _make_strategy_class():
+    EvictionStrategy = _strategy_base()
+
+    class RLTStrategy(EvictionStrategy):
+        """RLT's priorities and mark state for one SGLang `RadixCache` (see the module docstring).
+
+        Config (`--radix-eviction-policy-config`): `seed` (int, default 0).
+        Counters: `phase`, `resets`, `marked_tokens`, `random_evicted_tokens`,
+        `fallback_evicted_tokens`.
+        """
+
+        name = RLT_POLICY_NAME
+
+        def __init__(self, seed: int = 0):
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise ValueError(f"rlt: 'seed' must be an int, got {seed!r}")
+            self.seed = int(seed)
+            self.rng = np.random.default_rng(self.seed)
+            self.clear()
+
+        def clear(self) -> None:
+            """Fresh state (a new or flushed cache): phase 1, nothing marked."""
+            self.phase = 1  # nodes start with _rlt_phase 0: unmarked
+            self.marked_tokens = 0
+            self.resets = 0
+            self.random_evicted_tokens = 0
+            self.fallback_evicted_tokens = 0
+            self._epoch = 0  # one per heap build inside SGLang's evict
+
+        # -- marks
+        def is_marked(self, node) -> bool:
+            return node._rlt_phase == self.phase
+
+        def mark_path(self, node, root) -> None:
+            """Mark root..node. A marked node's ancestors are marked (marks are only ever set on
+            whole root paths, and a reset clears all), so the walk stops at the first marked one."""
+            phase = self.phase
+            while node is not root and node is not None and node._rlt_phase != phase:
+                node._rlt_phase = phase
+                self.marked_tokens += len(node.key)
+                node = node.parent
+
+        def reset_phase(self) -> None:
+            self.phase += 1
+            self.marked_tokens = 0
+            self.resets += 1
+
+        def on_delete(self, node) -> None:
+            n = len(node.key)
+            if node._rlt_phase == self.phase:
+                self.marked_tokens -= n
+                self.fallback_evicted_tokens += n
+            else:
+                self.random_evicted_tokens += n
+
+        # -- priorities
+        def begin_evict(self) -> None:
+            """A new heap is about to be built: keys of earlier heaps no longer count."""
+            self._epoch += 1
+
+        def get_priority(self, node):
+            if node._rlt_phase == self.phase:
+                return (1, node.last_access_time)
+            epoch = self._epoch
+            floor = node._rlt_floor if node._rlt_floor_epoch == epoch else 0.0
+            key = floor + float(self.rng.standard_exponential())
+            parent = node.parent
+            if parent is not None and (parent._rlt_floor_epoch != epoch or parent._rlt_floor < key):
+                # the parent becomes a leaf only after all its children were popped, the last
+                # of which had the largest key: the parent's clock starts there
+                parent._rlt_floor = key
+                parent._rlt_floor_epoch = epoch
+            return (0, key)
+
+        def stats(self) -> dict:
+            return {
+                "rlt_phase": self.phase,
+                "rlt_resets": self.resets,
+                "rlt_marked_tokens": self.marked_tokens,
+                "rlt_random_evicted_tokens": self.random_evicted_tokens,
+                "rlt_fallback_evicted_tokens": self.fallback_evicted_tokens,
+            }
+
+    return RLTStrategy
+
+
+RLTStrategy = None  # the class, built by apply() (it subclasses SGLang's EvictionStrategy)
+
+
+def _is_rlt(cache) -> bool:
+    return RLTStrategy is not None and isinstance(getattr(cache, "eviction_strategy", None), RLTStrategy)
+
+
+def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
+    RadixCache = radix_cache_mod.RadixCache
+    TreeNode = radix_cache_mod.TreeNode
+    EvictResult = base_prefix_cache_mod.EvictResult
+
+    # class-level defaults: every node (old or new, any policy) reads as unmarked
+    TreeNode._rlt_phase = 0
+    TreeNode._rlt_floor = 0.0
+    TreeNode._rlt_floor_epoch = -1
+
+    orig_match = RadixCache.match_prefix
+    orig_insert = RadixCache.insert
+    orig_split = RadixCache._split_node
+    orig_delete = RadixCache._delete_leaf
+    orig_evict = RadixCache.evict
+    orig_reset = RadixCache.reset
+
+    @functools.wraps(orig_match)
+    def match_prefix(self, params):
+        result = orig_match(self, params)
+        if _is_rlt(self) and result.device_prefix_len > 0:
+            self.eviction_strategy.mark_path(result.last_device_node, self.root_node)
+        return result
+
+    @functools.wraps(orig_insert)
+    def insert(self, params):
+        result = orig_insert(self, params)
+        if _is_rlt(self) and result.last_device_node is not None:
+            self.eviction_strategy.mark_path(result.last_device_node, self.root_node)
+        return result
+
+    @functools.wraps(orig_split)
+    def _split_node(self, key, child, split_len):
+        new_node = orig_split(self, key, child, split_len)
+        if _is_rlt(self):
+            new_node._rlt_phase = child._rlt_phase
+        return new_node
+
+    @functools.wraps(orig_delete)
+    def _delete_leaf(self, node):
+        if _is_rlt(self):
+            self.eviction_strategy.on_delete(node)
+        return orig_delete(self, node)
+
+    @functools.wraps(orig_evict)
+    def evict(self, params):
+        if self.disable or not _is_rlt(self):
+            return orig_evict(self, params)
+        strategy = self.eviction_strategy
+        remaining = params.num_tokens
+        evicted = 0
+        while remaining > 0:
+            total = self.evictable_size_ + self.protected_size_
+            if total <= 0:
+                break
+            if strategy.marked_tokens >= total:
+                strategy.reset_phase()  # the missed token would be the (B+1)-th marked one
+            chunk = min(remaining, total - strategy.marked_tokens)
+            strategy.begin_evict()
+            got = orig_evict(self, dataclasses.replace(params, num_tokens=chunk)).num_tokens_evicted
+            if got <= 0:
+                break  # nothing evictable left
+            evicted += got
+            remaining -= got
+        return EvictResult(num_tokens_evicted=evicted)
+
+    @functools.wraps(orig_reset)
+    def reset(self):
+        orig_reset(self)
+        if _is_rlt(self):
+            self.eviction_strategy.clear()
+
+    for name, fn in (
+        ("match_prefix", match_prefix),
+        ("insert", insert),
+        ("_split_node", _split_node),
+        ("_delete_leaf", _delete_leaf),
+        ("evict", evict),
+        ("reset", reset),
+    ):
+        fn.__repro_rlt_patch__ = True
+        setattr(RadixCache, name, fn)
+
+
+def _radix_cache_factory(ctx):
+    """`--radix-cache-backend repro_radix`: SGLang's plain RadixCache (where the RLT hooks live)."""
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    return RadixCache(ctx.params)
+
+
+def apply() -> None:
+    """Patch SGLang in this process (idempotent). Call before SGLang builds its caches."""
+    global _applied, RLTStrategy
+    if _applied:
+        return
+    choices, base_prefix_cache, _evict_policy, radix_cache, registry, utils = _sglang()
+    if RLTStrategy is None:
+        RLTStrategy = _make_strategy_class()
+    if not getattr(radix_cache.RadixCache.match_prefix, "__repro_rlt_patch__", False):
+        _patch_radix_cache(radix_cache, base_prefix_cache)
+    utils._EVICTION_POLICY_FACTORIES.setdefault(RLT_POLICY_NAME, RLTStrategy)
+    if RLT_POLICY_NAME not in choices.RADIX_EVICTION_POLICY_CHOICES:
+        choices.add_radix_eviction_policy_choices([RLT_POLICY_NAME])
+    if registry.get_radix_cache_factory(RADIX_BACKEND_NAME) is None:
+        registry.register_radix_cache_backend(RADIX_BACKEND_NAME, _radix_cache_factory)
+    _applied = True
+    logger.info("repro: RLT patch applied (eviction policy %r, radix-cache backend %r)", RLT_POLICY_NAME, RADIX_BACKEND_NAME)
+
+
+def patch_state() -> dict:
+    """What this process sees: is `rlt` registered, are the hooks and the backend in place."""
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.mem_cache import radix_cache, registry, utils
+
+    import os
+
+    return {
+        "pid": os.getpid(),
+        "rlt_in_name_table": RLT_POLICY_NAME in utils._EVICTION_POLICY_FACTORIES,
+        "rlt_in_cli_choices": RLT_POLICY_NAME in choices.RADIX_EVICTION_POLICY_CHOICES,
+        "radix_backend_registered": registry.get_radix_cache_factory(RADIX_BACKEND_NAME) is not None,
+        "radix_cache_hooked": bool(getattr(radix_cache.RadixCache.match_prefix, "__repro_rlt_patch__", False)),
+    }
+
+
+def _report_patch_state(conn) -> None:
+    """Target of the spawned probe process (a library function, like SGLang's run_scheduler_process)."""
+    try:
+        conn.send(patch_state())
+    except BaseException as exc:  # report, never hang the parent
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        conn.close()
+
+
+def spawn_check(timeout_s: float = 300.0) -> dict:
+    """Start a child the way SGLang 0.5.23's engine starts its schedulers and return its patch_state().
+
+    `sglang/srt/entrypoints/engine.py` calls `mp.set_start_method("spawn", force=True)` and then
+    `mp.Process(target=run_scheduler_process, ...).start()`. A spawned child re-imports the
+    parent's main module as `__mp_main__` before it unpickles its target, so whatever that
+    module does at import time (here: `apply()`) happens in the child too.
+    """
+    import multiprocessing as mp
+
+    mp.set_start_method("spawn", force=True)
+    reader, writer = mp.Pipe(duplex=False)
+    proc = mp.Process(target=_report_patch_state, args=(writer,))
+    proc.start()
+    writer.close()
+    try:
+        if not reader.poll(timeout_s):
+            raise TimeoutError(f"the spawned probe sent nothing within {timeout_s:.0f} s")
+        state = reader.recv()
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    state["parent"] = patch_state()
+    return state
