@@ -103,8 +103,8 @@ def test_sglang_router_command():
                               worker_startup_timeout_s=1)
 
 
-@pytest.mark.sglang
 def test_sglang_router_command_parses_with_its_own_parser():
+    """Runs where sglang-router 0.3.2 is installed (GPU nodes: pip install .[sglang]); skipped elsewhere."""
     router_args = pytest.importorskip("sglang_router.router_args")
     cmd = sglang_router_command("python", "127.0.0.1", 30000, ["http://127.0.0.1:1"],
                                 {"name": "cache_aware", "cache_threshold": 0.5}, request_timeout_s=60,
@@ -154,6 +154,10 @@ def test_plan_for_gpu_nodes(tmp_path, monkeypatch):
     cfg["cluster"]["kv_cache_tokens"] = 50_000
     plan = orchestrate.plan_cell(cfg, [50_000, 50_000], _seeds(2), tmp_path, ports=[1001, 1002, 1003])
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["2", "3"]
+    assert all(w.env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false" for w in plan.workers)
+    seeds = _seeds(2)
+    assert [int(w.cmd[w.cmd.index("--random-seed") + 1]) for w in plan.workers] == \
+        [s % (2**31 - 1) for s in seeds.workers]
     assert plan.workers[0].cmd[plan.workers[0].cmd.index("--model-path") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
     assert plan.workers[1].cmd[plan.workers[1].cmd.index("--port") + 1] == "1002"
     assert plan.router_url == "http://127.0.0.1:1003" and plan.client["send_reference_output"] is False

@@ -24,7 +24,9 @@ Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need n
   sglang-router).
 - failed: True for an HTTP error, an error event, a malformed or truncated stream, a connection
   failure, or a request that did not finish within `request_timeout_s` (wall seconds from its
-  send); such rows have NaN times, zero cached/output tokens and the workload's prompt length.
+  send); such rows keep arrival_s (the send time) and have NaN first_token_s / finish_s, zero
+  cached / output tokens and the workload's prompt length (the summary counts them in num_failed
+  and leaves them out of every other number).
 Nothing can hang: every request has that deadline, so the replay ends at the latest
 `request_timeout_s` after the last send.
 """
@@ -163,6 +165,7 @@ async def replay(
     if not np.all(np.isfinite(arrivals)) or np.any(np.diff(arrivals) < 0):
         raise ValueError("client: arrival_s must be finite and sorted")
     url = base_url.rstrip("/") + cfg.path
+    protocol.raise_open_file_limit()
     rows = [_Row() for _ in requests]
     n = len(requests)
     finished = 0

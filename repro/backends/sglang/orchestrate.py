@@ -316,12 +316,17 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
                 kv_cache_tokens=int(capacities[i]) if explicit is not None else None,
                 mem_fraction=None if explicit is not None else float(cluster["mem_fraction"]),
                 tensor_parallel=tp,
-                random_seed=int(cfg.get("seed", 0)) if seed is None else int(seed),
+                # The server seeds RLT with --random-seed: worker i gets the simulator's eviction
+                # seed of worker i (SeedPlan.workers[i], folded into SGLang's int range).
+                random_seed=int(seeds.workers[i]) % (2**31 - 1) if seed is None else int(seed),
                 load_format=srv.get("load_format"),
                 dtype=srv.get("dtype"),
                 extra_args=list(srv.get("extra_args") or []),
             )
-            env = {str(k): str(v) for k, v in (srv.get("env") or {}).items()}
+            # /health answers from the server's state instead of running a 1-token generation
+            # (which would put a probe path into the radix cache the experiment measures).
+            env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+            env.update({str(k): str(v) for k, v in (srv.get("env") or {}).items()})
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
             workers.append(ProcessSpec(f"server{i}", cmd, env, os.path.join(log_dir, f"server{i}.log"),
                                        f"{worker_urls[i]}/health"))

@@ -270,3 +270,19 @@ def error_body(message: str, kind: str = "invalid_request_error", code: int = 40
 def scaled(wall_s: float, time_scale: float) -> float:
     """Wall seconds -> emulated seconds (x time_scale); NaN stays NaN."""
     return wall_s * time_scale if not math.isnan(wall_s) else math.nan
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (each in-flight request
+    holds a socket per hop; Slurm nodes often default to 1024). Returns the new soft limit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return int(target)
+        return int(soft)
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
+        return -1
