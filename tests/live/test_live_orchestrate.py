@@ -143,6 +143,7 @@ def _cfg(num_workers=2, emulate=True, **backend):
 
 
 def _seeds(m):
+    need_parts()
     from repro.sim.cluster import SeedPlan
 
     return SeedPlan.spawn(0, m)
