@@ -1,0 +1,28 @@
+"""Routing policies (ALGORITHMS.md §3): one class per policy, one conf/router/<name>.yaml each.
+
+The same classes run inside the simulator and behind the live router service: they see
+workers only through `WorkerView`, get time as `now_s`, and learn through
+`on_request_complete`. Lifecycle: `reset(workers, seed)` -> `select_worker(request, workers,
+now_s)` per arrival -> `on_request_complete(request, worker_id, latency_s, ttft_s,
+cached_tokens, now_s)` per completion.
+"""
+
+from repro.routing.base import Router, WorkerView, token_key
+from repro.routing.cache_aware import CacheAwareRouter
+from repro.routing.dynamo import DynamoRouter
+from repro.routing.lbgr import LBGRRouter
+from repro.routing.llmd import LLMDRouter
+from repro.routing.simple import PowerOfTwoRouter, RandomRouter, RoundRobinRouter
+
+__all__ = [
+    "Router",
+    "WorkerView",
+    "token_key",
+    "RandomRouter",
+    "RoundRobinRouter",
+    "CacheAwareRouter",
+    "LBGRRouter",
+    "PowerOfTwoRouter",
+    "DynamoRouter",
+    "LLMDRouter",
+]

@@ -66,7 +66,11 @@ class Router:
     name: str = "base"
 
     def reset(self, workers: Sequence[WorkerView], seed: int) -> None:
-        """Prepare for a run over `workers` (their ids are 0..M-1 in order)."""
+        """Prepare for a run over `workers` (their ids are 0..M-1 in order).
+
+        Subclasses call this first, then build their per-run state (nothing survives a reset).
+        """
+        check_workers(workers)
         self.num_workers = len(workers)
         self.rng = np.random.default_rng(seed)
 
@@ -83,3 +87,27 @@ class Router:
         now_s: float | None = None,
     ) -> None:
         """Completion callback (ARCHITECTURE.md); default: nothing to learn."""
+
+
+def token_key(tokens: np.ndarray) -> bytes:
+    """Packed little-endian int32 bytes of a token-id array: the radix-tree key format.
+
+    Comparing two keys' slices is one memcmp in C; a token is 4 bytes.
+    """
+    return np.asarray(tokens).astype("<i4", copy=False).tobytes()
+
+
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> str:
+    """Return `value` if it is one of `allowed`, else raise a ValueError naming the key."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+def check_workers(workers: Sequence[WorkerView]) -> None:
+    """Workers must be non-empty with ids 0..M-1 in order (the routers index by id)."""
+    if len(workers) == 0:
+        raise ValueError("a router needs at least one worker")
+    for i, w in enumerate(workers):
+        if w.worker_id != i:
+            raise ValueError(f"workers must have ids 0..M-1 in order; position {i} has id {w.worker_id}")

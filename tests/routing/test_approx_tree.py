@@ -1,0 +1,170 @@
+"""The cache-aware router's approximate tree against an obviously-right dict-of-strings reference."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from repro.routing.approx_tree import ApproximateTree, common_prefix_units
+from repro.routing.base import token_key
+
+
+class ReferenceTree:
+    """Every inserted (tenant, string) kept in order; answers by brute force.
+
+    - match length = longest common prefix of the query with any inserted string;
+    - tenants at the match = tenants that inserted a string starting with query[:match],
+      ordered by their first such insertion (the tree keeps arrival order per node);
+    - tenant size = number of distinct non-empty prefixes of the tenant's strings.
+    """
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, str]] = []
+
+    def insert(self, s: str, tenant: int) -> None:
+        self.log.append((tenant, s))
+
+    @staticmethod
+    def _lcp(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    def match(self, q: str) -> tuple[int, list[int]]:
+        m = max((self._lcp(q, s) for _, s in self.log), default=0)
+        tenants: list[int] = []
+        for t, s in self.log:
+            if s.startswith(q[:m]) and t not in tenants:
+                tenants.append(t)
+        return m, tenants
+
+    def sizes(self) -> dict[int, int]:
+        prefixes: dict[int, set[str]] = {}
+        for t, s in self.log:
+            prefixes.setdefault(t, set()).update(s[:k] for k in range(1, len(s) + 1))
+        return {t: len(p) for t, p in prefixes.items()}
+
+
+def as_key(s: str, unit: int):
+    if unit == 1:
+        return s
+    return token_key(np.array([ord(c) for c in s], dtype=np.int32))
+
+
+strings = st.text(alphabet="abcé", max_size=8)
+ops = st.lists(st.tuples(st.integers(0, 3), strings), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, queries=st.lists(strings, min_size=1, max_size=8), unit=st.sampled_from([1, 4]))
+def test_tree_matches_reference(ops, queries, unit):
+    tree, ref = ApproximateTree(unit=unit), ReferenceTree()
+    for k, (tenant, s) in enumerate(ops):
+        tree.insert(as_key(s, unit), tenant, float(k))
+        ref.insert(s, tenant)
+    assert tree.tenant_size == ref.sizes()
+    assert tree.used_size_per_tenant() == tree.tenant_size
+    for q in queries:
+        m_ref, tenants_ref = ref.match(q)
+        # Which tenants sit on the node where matching stops, in arrival order.
+        m, node = tree.walk(as_key(q, unit))
+        assert m == m_ref
+        assert list(node.tenants) == tenants_ref
+        assert tree.prefix_match(as_key(q, unit), 1e6) == (m_ref, tenants_ref[0] if tenants_ref else None)
+    assert tree.tenant_size == ref.sizes()  # matching never changes sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops, max_units=st.integers(0, 12))
+def test_eviction_keeps_sizes_consistent_and_within_budget(ops, max_units):
+    tree = ApproximateTree(unit=1)
+    for k, (tenant, s) in enumerate(ops):
+        tree.insert(s, tenant, float(k))
+    tree.evict_tenant_by_size(max_units)
+    assert all(size <= max_units for size in tree.tenant_size.values())
+    assert tree.used_size_per_tenant() == tree.tenant_size
+    # Structure stays a tree where each tenant set is closed towards the root and no node is dead.
+    for node in tree._nodes():
+        if node is tree.root:
+            continue
+        assert node.tenants or node.children
+        assert set(node.tenants) <= set(node.parent.tenants)
+        assert node.parent.children[node.key[:1]] is node
+
+
+def test_common_prefix_units_whole_tokens():
+    a = token_key(np.array([1, 2, 3, 4], dtype=np.int32))
+    b = token_key(np.array([1, 2, 3 + 256, 4], dtype=np.int32))  # differs in the 2nd byte of token 3
+    assert common_prefix_units(a, b, 0, 4) == 8
+    assert common_prefix_units("abcdef", "xxabcxyz", 2, 1) == 3
+    assert common_prefix_units("abc", "xxabc", 2, 1) == 3
+
+
+def test_insert_split_and_sizes_table():
+    tree = ApproximateTree()
+    tree.insert("apple", 0, 1.0)
+    tree.insert("apricot", 1, 2.0)
+    tree.insert("banana", 0, 3.0)
+    assert tree.tenant_size == {0: 11, 1: 7}
+    (ap,) = [c for c in tree.root.children.values() if c.key == "ap"]
+    assert list(ap.tenants) == [0, 1]  # split node keeps the first arrival first
+    assert sorted(c.key for c in ap.children.values()) == ["ple", "ricot"]
+    assert tree.prefix_match("apricots", 4.0) == (7, 1)
+    assert tree.prefix_match("apx", 5.0) == (2, 0)  # stops after "ap": its first tenant
+    assert tree.prefix_match("zzz", 6.0)[0] == 0
+
+
+def test_eviction_table_lru_order_and_shared_nodes():
+    tree = ApproximateTree()
+    tree.insert("aaaa", 0, 1.0)
+    tree.insert("bbbb", 0, 2.0)
+    tree.insert("aaaa", 1, 3.0)
+    tree.evict_tenant_by_size(4)
+    # Tenant 0's least recent leaf "aaaa" goes; tenant 1 keeps it.
+    assert tree.tenant_size == {0: 4, 1: 4}
+    nodes = {c.key: dict(c.tenants) for c in tree.root.children.values()}
+    assert nodes == {"aaaa": {1: 3.0}, "bbbb": {0: 2.0}}
+
+
+def test_prefix_match_touch_changes_eviction_order():
+    tree = ApproximateTree()
+    tree.insert("aaaa", 0, 1.0)
+    tree.insert("bbbb", 0, 2.0)
+    assert tree.prefix_match("aaaa", 5.0) == (4, 0)  # re-stamps tenant 0 on "aaaa"
+    tree.evict_tenant_by_size(4)
+    assert [c.key for c in tree.root.children.values()] == ["aaaa"]
+
+
+def test_eviction_walks_up_to_parents():
+    tree = ApproximateTree()
+    tree.insert("abcd", 0, 1.0)
+    tree.insert("abxy", 0, 2.0)
+    tree.insert("zz", 1, 3.0)
+    tree.evict_tenant_by_size(0)
+    assert tree.tenant_size == {0: 0, 1: 0}
+    assert tree.root.children == {}
+    assert tree.num_nodes() == 1
+
+
+def test_eviction_stops_at_budget_and_spares_small_tenants():
+    tree = ApproximateTree()
+    tree.insert("abcd", 0, 1.0)  # ab|cd after the next insert
+    tree.insert("abxy", 0, 2.0)
+    tree.insert("q", 1, 0.5)  # older than everything, but tenant 1 is within budget
+    tree.evict_tenant_by_size(4)
+    assert tree.tenant_size == {0: 4, 1: 1}
+    (ab,) = [c for c in tree.root.children.values() if c.key == "ab"]
+    assert [c.key for c in ab.children.values()] == ["xy"]  # the older leaf "cd" went first
+
+
+def test_smallest_tenants():
+    tree = ApproximateTree()
+    for t in range(3):
+        tree.insert("", t, 0.0)
+    assert tree.smallest_tenants() == [0, 1, 2]
+    tree.insert("abc", 0, 1.0)
+    tree.insert("ab", 2, 1.0)
+    assert tree.smallest_tenants() == [1]
+    assert ApproximateTree().smallest_tenants() == []

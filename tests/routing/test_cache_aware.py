@@ -1,0 +1,204 @@
+"""Decision tables for SGLang's cache-aware rule (sglang-router 0.3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from repro.routing import CacheAwareRouter
+from repro.routing.base import token_key
+from tests.routing.fakes import make_request, make_views
+
+_ids = iter(range(10**6))
+
+
+def req(text=None, tokens=None):
+    if tokens is None:
+        tokens = [ord(c) for c in text]
+    return make_request(next(_ids), tokens, text=text)
+
+
+def router(m=2, **kw):
+    kw.setdefault("match_on", "text")
+    r = CacheAwareRouter(**kw)
+    views = make_views(m)
+    r.reset(views, seed=0)
+    return r, views
+
+
+def route(r, views, text, now=0.0, **kw):
+    return r.select_worker(req(text, **kw), views, now)
+
+
+def test_defaults_are_sglang_router_032():
+    r = CacheAwareRouter()
+    assert (r.cache_threshold, r.balance_abs_threshold, r.balance_rel_threshold) == (0.3, 64, 1.5)
+    assert (r.eviction_interval_secs, r.max_tree_size) == (60.0, 2**26)
+    assert (r.match_on, r.tie_break) == ("auto", "index")
+
+
+def test_cache_branch_goes_to_matched_worker():
+    r, v = router()
+    assert route(r, v, "hello world") == 0  # empty tree: smallest tenant, tie -> lowest id
+    assert route(r, v, "goodbye") == 1  # no match: smallest tree is worker 1
+    assert route(r, v, "hello world, again") == 0  # 11/18 > 0.3
+    assert route(r, v, "goodbye and thanks") == 1
+
+
+@pytest.mark.parametrize(
+    "query, expected, why",
+    [
+        ("abcdefghij", 0, "7/10 = 0.7 > 0.3: matched worker"),
+        ("abcdXXXXXX", 0, "4/10 = 0.4 > 0.3: matched worker"),
+        ("abcXXXXXXX", 1, "3/10 = 0.3 is not > 0.3: smallest tree"),
+        ("abXXXXXXXX", 1, "2/10 < 0.3: smallest tree"),
+    ],
+)
+def test_threshold_edges(query, expected, why):
+    r, v = router()
+    assert route(r, v, "abcdefg") == 0
+    assert route(r, v, query) == expected, why
+
+
+def test_threshold_zero_and_one():
+    r, v = router(cache_threshold=0.0)
+    route(r, v, "abcdefg")
+    assert route(r, v, "aZZZZZZZZZ") == 0  # 0.1 > 0
+    r, v = router(cache_threshold=1.0)
+    route(r, v, "abcdefg")
+    assert route(r, v, "abcdefg") == 1  # rate 1.0 is never > 1.0
+
+
+@pytest.mark.parametrize(
+    "loads, imbalanced",
+    [
+        ([65, 0], True),  # 65 > 64 and 65 > 0
+        ([64, 0], False),  # difference 64 is not > 64
+        ([200, 130], True),  # 70 > 64 and 200 > 195
+        ([190, 130], False),  # 60 <= 64
+        ([300, 200], False),  # 300 is not > 1.5 * 200
+        ([301, 200], True),
+    ],
+)
+def test_imbalance_rule(loads, imbalanced):
+    r, v = router()
+    route(r, v, "shared prefix text")  # worker 0 owns it
+    r.loads = list(loads[::-1]) if loads[0] < loads[1] else list(loads)  # worker 0 is the loaded one
+    w = route(r, v, "shared prefix text, more")
+    assert w == (1 if imbalanced else 0)
+
+
+def test_imbalanced_goes_to_first_minimum_and_still_inserts():
+    r, v = router(m=3)
+    r.loads = [100, 10, 10]
+    assert route(r, v, "zzzzzzzzzz") == 1  # first minimum
+    assert r.loads == [100, 11, 10]
+    r.loads = [10, 11, 10]  # balanced again: the tree knows worker 1 got the text
+    assert route(r, v, "zzzzzzzzzz!") == 1
+
+
+def test_smallest_tenant_ties_index_and_random():
+    r, v = router(m=3)
+    assert [route(r, v, t) for t in ("aaaa", "bbbb", "cccc", "dddd")] == [0, 1, 2, 0]
+    picks = set()
+    for seed in range(20):
+        r = CacheAwareRouter(match_on="text", tie_break="random")
+        r.reset(make_views(3), seed=seed)
+        picks.add(r.select_worker(req("aaaa"), make_views(3), 0.0))
+    assert picks == {0, 1, 2}
+
+
+def test_shared_node_first_tenant_and_random_choice():
+    r, v = router(m=3)
+    r.tree.insert("abcdef", 2, 0.0)  # worker 2 reached the node first
+    r.tree.insert("abcdef", 1, 0.0)
+    assert route(r, v, "abcdefgh") == 2
+    picks = set()
+    for seed in range(30):
+        r = CacheAwareRouter(match_on="text", tie_break="random")
+        v = make_views(3)
+        r.reset(v, seed=seed)
+        r.tree.insert("abcdef", 2, 0.0)
+        r.tree.insert("abcdef", 1, 0.0)
+        picks.add(r.select_worker(req("abcdefgh"), v, 0.0))
+    assert picks == {1, 2}
+
+
+def test_load_counter_follows_dispatch_and_completion():
+    r, v = router()
+    a = req("first")
+    w = r.select_worker(a, v, 0.0)
+    assert r.loads[w] == 1
+    r.on_request_complete(a, w, 1.0, 0.5, 0, 1.0)
+    r.on_request_complete(a, w, 1.0, 0.5, 0, 1.0)  # a duplicate never drives it negative
+    assert r.loads == [0, 0]
+
+
+def test_tree_trimming_every_interval_of_now():
+    r, v = router(max_tree_size=5, eviction_interval_secs=10.0)
+    route(r, v, "aaaaaaaa", now=0.0)  # first call anchors the schedule: next trim at t=10
+    route(r, v, "bbbbbbbb", now=1.0)
+    route(r, v, "aaaaaaaaX", now=9.99)
+    assert r.evictions_run == 0 and r.tree.tenant_size[0] == 9
+    route(r, v, "cccccc", now=10.0)  # trims first (both workers over 5), then routes
+    assert r.evictions_run == 1
+    # Worker 0 held "aaaaaaaa"+"X" (9), worker 1 "bbbbbbbb" (8): both trimmed leaf by leaf to 0,
+    # then "cccccc" (no match) goes to the smallest tree, a tie resolved to worker 0.
+    assert r.tree.tenant_size == {0: 6, 1: 0}
+    route(r, v, "dd", now=35.0)  # t=20 and t=30 were missed: one trim, next deadline t=40
+    assert r.evictions_run == 2 and r._next_eviction_s == 40.0
+    assert r.tree.tenant_size == {0: 2, 1: 0}
+
+
+def test_trimming_disabled_and_lru_choice():
+    r, v = router(max_tree_size=0, eviction_interval_secs=0)
+    route(r, v, "aaaa", now=0.0)
+    route(r, v, "bbbb", now=1e9)
+    assert r.evictions_run == 0 and sum(r.tree.tenant_size.values()) == 8
+
+
+def test_character_level_counts_characters_not_bytes():
+    r, v = router()
+    assert route(r, v, "ééé") == 0
+    # "éé" + 8 more: 2 of 10 characters match (in UTF-8 bytes it would be 4 of 12 = 0.33)
+    assert route(r, v, "ééxxxxxxxx") == 1
+
+
+def test_token_mode_matches_on_tokens():
+    r, v = router(match_on="tokens")
+    base = list(range(100))
+    assert r.select_worker(make_request(1, base), v, 0.0) == 0
+    assert r.select_worker(make_request(2, base[:50] + [9999] * 50), v, 0.0) == 0  # 0.5
+    assert r.select_worker(make_request(3, base[:30] + [7777] * 70), v, 0.0) == 1  # 0.3, not > 0.3
+    assert r.tree.unit == 4
+    # Token 256 and token 0 share three of four bytes: the match stays on token boundaries.
+    m, _ = r.tree.prefix_match(token_key(np.array([256], dtype=np.int32)), 0.0)
+    assert m == 0
+
+
+def test_auto_mode_and_missing_text():
+    r = CacheAwareRouter()  # auto
+    v = make_views(2)
+    r.reset(v, 0)
+    r.select_worker(req("some text"), v, 0.0)
+    assert r.mode == "text"
+    with pytest.raises(ValueError, match="no text"):
+        r.select_worker(make_request(99, [1, 2, 3]), v, 0.0)
+    r.reset(v, 0)
+    r.select_worker(make_request(100, [1, 2, 3]), v, 0.0)
+    assert r.mode == "tokens"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"cache_threshold": 1.5},
+        {"balance_abs_threshold": -1},
+        {"match_on": "bytes"},
+        {"tie_break": "hash"},
+        {"max_tree_size": -5},
+    ],
+)
+def test_bad_config_fails_at_construction(kw):
+    with pytest.raises(ValueError):
+        CacheAwareRouter(**kw)

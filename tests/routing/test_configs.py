@@ -1,0 +1,85 @@
+"""conf/router/*.yaml build their class with its documented defaults; conf/policy/* compose
+the right router x eviction pair through Hydra's compose API."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+import repro.routing as routing
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+ROUTERS = {
+    "random": routing.RandomRouter,
+    "round_robin": routing.RoundRobinRouter,
+    "cache_aware": routing.CacheAwareRouter,
+    "lbgr": routing.LBGRRouter,
+    "power_of_two": routing.PowerOfTwoRouter,
+    "dynamo": routing.DynamoRouter,
+    "llmd": routing.LLMDRouter,
+}
+
+POLICIES = {
+    "random_lru": ("random", "lru", "Random+LRU"),
+    "round_robin_lru": ("round_robin", "lru", "RoundRobin+LRU"),
+    "cache_aware_lru": ("cache_aware", "lru", "CacheAware+LRU"),
+    "cache_aware_rlt": ("cache_aware", "rlt", "CacheAware+RLT"),
+    "lbgr_lru": ("lbgr", "lru", "LBGR+LRU"),
+    "lbgr_rlt": ("lbgr", "rlt", "LBGR+RLT"),
+    "power_of_two_lru": ("power_of_two", "lru", "PowerOfTwo+LRU"),
+    "power_of_two_rlt": ("power_of_two", "rlt", "PowerOfTwo+RLT"),
+    "dynamo_lru": ("dynamo", "lru", "Dynamo+LRU"),
+    "dynamo_rlt": ("dynamo", "rlt", "Dynamo+RLT"),
+    "llmd_lru": ("llmd", "lru", "llm-d+LRU"),
+    "llmd_rlt": ("llmd", "rlt", "llm-d+RLT"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_router_yaml_builds_its_class_with_the_documented_defaults(name):
+    cfg = yaml.safe_load((CONF / "router" / f"{name}.yaml").read_text())
+    router = instantiate(cfg)
+    cls = ROUTERS[name]
+    assert type(router) is cls and router.name == name == cfg["name"]
+    params = {
+        p.name: p.default
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name not in ("self", "cache_factory")
+    }
+    keys = {k for k in cfg if k != "_target_"}
+    assert keys == set(params), "every constructor option is a documented key, and nothing else"
+    for key in keys:
+        assert cfg[key] == params[key], f"{name}.{key}: yaml {cfg[key]!r} != class default {params[key]!r}"
+
+
+def test_every_router_yaml_is_listed():
+    assert {p.stem for p in (CONF / "router").glob("*.yaml")} == set(ROUTERS)
+    assert {p.stem for p in (CONF / "policy").glob("*.yaml")} == set(POLICIES)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_policy_composes_router_and_eviction(conf_dir, policy):
+    router_name, eviction, display = POLICIES[policy]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"policy={policy}"])
+    assert cfg.policy_name == display
+    assert cfg.router.name == router_name
+    assert cfg.router._target_ == f"repro.routing.{ROUTERS[router_name].__name__}"
+    assert cfg.eviction.name == eviction
+    assert type(instantiate(cfg.router)) is ROUTERS[router_name]
+
+
+def test_default_policy_is_lbgr_rlt_and_router_keys_override(conf_dir):
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(config_name="config")
+        assert (cfg.policy_name, cfg.router.name, cfg.eviction.name) == ("LBGR+RLT", "lbgr", "rlt")
+        assert cfg.router.tracker == "approximate" and cfg.router.oracle_output_len is False
+        cfg = compose(config_name="config", overrides=["policy=lbgr_lru", "router.decay_interval_s=0.5"])
+    assert cfg.router.decay_interval_s == 0.5 and cfg.eviction.name == "lru"
+    assert instantiate(cfg.router).decay_interval_s == 0.5
