@@ -14,6 +14,9 @@ Choices the paper leaves open (ALGORITHMS.md §2 fixes them; stated here once):
   sequence. `match_prefix` and `insert` access their tokens root to leaf, one position per
   token (`self.clock` counts positions), so every token's latest position is unique and a
   node's tokens carry consecutive positions: `node.stamp` is the position of its last token.
+* Node granularity follows SGLang 0.5.23 exactly: an access that ends inside a node also
+  stamps the unaccessed remainder below the split (recency only, never RLT marks), so our
+  node-granularity LRU matches SGLang's RadixCache (tests/sglang/test_parity.py).
 * Nodes are split at access boundaries (the end of every match / insert, and RLT phase
   resets inside an inserted run), so an access covers whole nodes: inside one node all
   tokens share their access history, hence their marks. Nodes are never merged back.
@@ -298,6 +301,17 @@ class RadixCache:
             node.stamp = base + node.depth
             touch(node)
 
+    def _stamp_split_remainder(self, lower: Node, upper: Node) -> None:
+        """SGLang's node-granularity recency rule: an access that ends inside a node stamps the
+        whole node before splitting it, so the unaccessed remainder below the split counts as
+        accessed now (SGLang 0.5.23 `_match_prefix_helper` / `_insert_helper`). Recency only:
+        RLT marks stay on accessed tokens. Token granularity (the paper's model) and
+        `process_path` stamp accessed tokens only. Needed for exact parity with SGLang's LRU
+        (tests/sglang/test_parity.py)."""
+        if lower.parent is upper:
+            lower.stamp = upper.stamp
+            self.policy.restamp(lower)
+
     def _append(self, parent: Node, kb: bytes, base: int, marked: bool) -> Node:
         """Attach the uncached run `kb` below `parent` (its end must be an access boundary)."""
         n = len(kb) >> 2
@@ -326,6 +340,8 @@ class RadixCache:
         length = pos >> 2
         self._touch(path, self.clock)
         self.clock += length
+        if child is not None and self.granularity == "node":
+            self._stamp_split_remainder(child, path[-1])
         return MatchResult(length, path[-1])
 
     def insert(self, tokens) -> InsertResult:
@@ -347,6 +363,8 @@ class RadixCache:
         base = self.clock
         if path:
             self._touch(path, base)
+            if child is not None and self.granularity == "node":
+                self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else self.root
         prefix_len = pos >> 2
         if new_bytes:

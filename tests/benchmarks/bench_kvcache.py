@@ -1,6 +1,6 @@
 """Speed of our radix tree (repro.kvcache), measured side by side in one run.
 
-    PYTHONPATH=. python tests/benchmarks/bench_kvcache.py [--quick] [--repeats N]
+    PYTHONPATH=. python tests/benchmarks/bench_kvcache.py [--quick] [--repeats N] [--baseline-rev REV]
 
 1. match_prefix + insert + evict throughput (tokens/s) on a GSP-like trace (64 groups x 16
    prompts, 2048-token shared system prompts + 128-token questions, random order), capacity
@@ -11,6 +11,9 @@
 2. Eviction cost per evicted token (us, amortised: time inside evict() / tokens evicted),
    RLT vs LRU on the same trace and capacity, node and token granularity, interleaved
    repeats (best of each: the least disturbed estimate on a shared machine), ratio RLT / LRU.
+   `--baseline-rev REV` adds, interleaved in the same run, RLT as implemented at git
+   revision REV (its repro/kvcache/eviction.py loaded beside ours; valid while the cache's
+   policy hooks are unchanged): before/after numbers of a policy change, side by side.
 3. peek_prefix of a 4096-token prompt against a tree of ~3200 nodes (what routers call for
    every worker on every request): full hit, miss after the shared prefix, divergence in
    the middle of the prefix; bytes and int32-array inputs (best of 5 rounds).
@@ -19,16 +22,19 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 import timeit
+import types
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from repro.kvcache import as_key, make_cache  # noqa: E402
+from repro.kvcache import RadixCache, as_key, make_cache  # noqa: E402
 
 
 def make_gsp_trace(
@@ -88,10 +94,28 @@ def run_ours(trace, capacity: int, policy: str = "lru", granularity: str = "node
     return sum(len(k) >> 2 for k in keys) / elapsed
 
 
-def eviction_cost(trace, capacity: int, policy: str, granularity: str, seed: int = 0) -> tuple[float, int]:
-    """(us per evicted token, tokens evicted) with only evict() calls timed."""
+def eviction_module_at(rev: str) -> types.ModuleType:
+    """repro/kvcache/eviction.py as of git revision `rev`, loaded as a separate module."""
+    src = subprocess.run(
+        ["git", "show", f"{rev}:repro/kvcache/eviction.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    mod = types.ModuleType(f"eviction_at_{rev}")
+    exec(compile(src, f"{rev}:repro/kvcache/eviction.py", "exec"), mod.__dict__)
+    return mod
+
+
+def eviction_cost(
+    trace, capacity: int, policy: str, granularity: str, seed: int = 0, module: types.ModuleType | None = None
+) -> tuple[float, int]:
+    """(us per evicted token, tokens evicted) with only evict() calls timed.
+
+    `module`: take RLTEviction from this module (see `eviction_module_at`) instead of ours."""
     keys = [as_key(t) for t in trace]
-    cache = make_cache(capacity, {"name": policy, "granularity": granularity}, seed)
+    if module is None:
+        cache = make_cache(capacity, {"name": policy, "granularity": granularity}, seed)
+    else:
+        assert policy == "rlt", "a baseline module is only used for RLT"
+        cache = RadixCache(capacity, module.RLTEviction(seed, granularity=granularity), granularity)
     timer = [0.0]
     for key in keys:
         _request(cache, key, timer)
@@ -122,7 +146,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller trace (16 groups), 1 repeat")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline-rev", metavar="REV", help="also time RLT as of this git revision (section 2)")
     a = ap.parse_args(argv)
+    base = eviction_module_at(a.baseline_rev) if a.baseline_rev else None
     groups = 16 if a.quick else 64
     reps = 1 if a.quick else a.repeats
     trace = make_gsp_trace(num_groups=groups)
@@ -139,16 +165,24 @@ def main(argv=None) -> int:
             print(f"   {pol:6} {gran:11} {tps / 1e6:>10.2f}")
 
     print("\n2) eviction cost per evicted token (us, amortised; LRU/RLT interleaved, best of repeats)")
-    print(f"   {'granularity':11} {'LRU us/tok':>10} {'RLT us/tok':>10} {'RLT/LRU':>8} {'evicted':>9}")
+    head = f"   {'granularity':11} {'LRU us/tok':>10} {'RLT us/tok':>10} {'RLT/LRU':>8} {'evicted':>9}"
+    if base is not None:
+        head += f" {'RLT@' + a.baseline_rev[:10]:>15} {'its /LRU':>8}"
+    print(head)
     for gran in ("node", "token"):
-        lru, rlt = [], []
+        lru, rlt, old = [], [], []
         for _ in range(reps):
             c, ev = eviction_cost(trace, cap, "lru", gran)
             lru.append(c)
             c, ev_r = eviction_cost(trace, cap, "rlt", gran)
             rlt.append(c)
+            if base is not None:
+                old.append(eviction_cost(trace, cap, "rlt", gran, module=base)[0])
         ml, mr = min(lru), min(rlt)
-        print(f"   {gran:11} {ml:>10.4f} {mr:>10.4f} {mr / ml:>8.2f} {ev_r:>9}")
+        line = f"   {gran:11} {ml:>10.4f} {mr:>10.4f} {mr / ml:>8.2f} {ev_r:>9}"
+        if base is not None:
+            line += f" {min(old):>15.4f} {min(old) / ml:>8.2f}"
+        print(line)
 
     print("\n3) peek_prefix, 4096-token prompt (us per call)")
     pc = peek_cost(300 if a.quick else 2000)

@@ -22,3 +22,12 @@ def test_bench_helpers_run_on_a_tiny_trace():
         assert b.run_ours(trace, 64, policy) > 0
         us, evicted = b.eviction_cost(trace, 64, policy, "token")
         assert evicted > 0 and us > 0
+
+
+def test_baseline_rev_loads_the_policy_of_a_git_revision():
+    b = load()
+    trace = b.make_gsp_trace(num_groups=3, prompts_per_group=4, prefix_tokens=32, question_tokens=8)
+    mod = b.eviction_module_at("HEAD")
+    assert mod.RLTEviction is not b.make_cache(8, {"name": "rlt"}).policy.__class__
+    us, evicted = b.eviction_cost(trace, 64, "rlt", "token", module=mod)
+    assert evicted > 0 and us > 0

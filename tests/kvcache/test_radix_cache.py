@@ -121,6 +121,36 @@ def test_token_lru_is_token_by_token_across_nodes():
     assert c.peek_prefix([1, 1, 1]) == 1 and c.peek_prefix([2, 2]) == 1
 
 
+def test_node_granularity_stamps_the_remainder_of_a_split_node_as_sglang_does():
+    # SGLang 0.5.23 stamps a node before splitting it where an access ends, so [3, 4] (not
+    # accessed) counts as accessed by match [1, 2] and the older leaf [9] is the LRU victim.
+    c = lru(5, "node")
+    c.insert([1, 2, 3, 4])
+    c.insert([9])
+    c.match_prefix([1, 2])
+    c.evict(1)
+    assert c.peek_prefix([9]) == 0 and c.peek_prefix([1, 2, 3, 4]) == 4
+    c.check_invariants()
+
+
+def test_split_remainder_restamp_never_marks_for_rlt():
+    c = make_cache(5, {"name": "rlt", "granularity": "node"}, 0)
+    c.insert([1, 2, 3, 4])
+    c.policy.reset_phase()
+    c.match_prefix([1, 2])  # splits [1,2 | 3,4]: only the accessed half is marked
+    assert c.policy.marked_count == 2
+    c.check_invariants()
+
+
+def test_token_granularity_stamps_accessed_tokens_only():
+    c = lru(5, "token")
+    c.insert([1, 2, 3, 4])
+    c.insert([9])
+    c.match_prefix([1, 2])
+    c.evict(1)  # (1,2,3,4) was accessed before [9]: the paper's model evicts it first
+    assert c.peek_prefix([1, 2, 3, 4]) == 3 and c.peek_prefix([9]) == 1
+
+
 def test_evicted_node_handle_cannot_be_locked_and_evict_arg_checked():
     c = lru(10, "node")
     r = c.insert([1, 2])

@@ -162,54 +162,14 @@ class SGLangTree:
             stack.extend(node.children.values())
 
 
-def sglang_split_stamping_cache_class():
-    """Our RadixCache with SGLang 0.5.23's recency rule for split nodes (test-only emulation).
-
-    SGLang's `_match_prefix_helper` / `_insert_helper` stamp `last_access_time` on the node an
-    access walks into BEFORE splitting it where the access ends, so the remainder below the
-    split -- tokens that were not accessed -- counts as accessed now. Our tree stamps accessed
-    tokens only. This subclass stamps the remainder with the access (same stamp as the node
-    above it; the heap's tie-break is deterministic) so that a test can show this rule is the
-    only difference between the two LRUs. Uses two private methods of repro.kvcache.RadixCache.
-    """
-    from repro.kvcache import RadixCache
-
-    class SGLangStampRadixCache(RadixCache):
-        _split_lower = None
-
-        def _split(self, child, k):
-            self._split_lower = child
-            return super()._split(child, k)
-
-        def _touch(self, path, base):
-            super()._touch(path, base)
-            lower, self._split_lower = self._split_lower, None
-            if lower is not None and lower.parent is not None and path and lower.parent is path[-1]:
-                lower.stamp = path[-1].stamp
-                self.policy.touch(lower)
-
-    return SGLangStampRadixCache
-
-
 class OursTree:
-    """repro.kvcache.RadixCache with the same call shapes as SGLangTree (for shared drivers).
+    """repro.kvcache.RadixCache with the same call shapes as SGLangTree (for shared drivers)."""
 
-    `sglang_split_stamping=True`: the test-only emulation of SGLang's split recency rule
-    (`sglang_split_stamping_cache_class`).
-    """
-
-    def __init__(self, capacity_tokens: int, policy: str = "lru", seed: int = 0, granularity: str = "node",
-                 sglang_split_stamping: bool = False):
-        from repro.kvcache import make_cache, make_eviction
+    def __init__(self, capacity_tokens: int, policy: str = "lru", seed: int = 0, granularity: str = "node"):
+        from repro.kvcache import make_cache
 
         self.capacity_tokens = int(capacity_tokens)
-        cfg = {"name": policy, "granularity": granularity}
-        if sglang_split_stamping:
-            if policy != "lru":
-                raise ValueError("the split-stamping emulation is for LRU only (its touch() would mark RLT nodes)")
-            self.cache = sglang_split_stamping_cache_class()(capacity_tokens, make_eviction(cfg, seed), granularity)
-        else:
-            self.cache = make_cache(capacity_tokens, cfg, seed)
+        self.cache = make_cache(capacity_tokens, {"name": policy, "granularity": granularity}, seed)
 
     @staticmethod
     def key_of(tokens) -> bytes:

@@ -22,29 +22,18 @@ from tests.sglang.sglang_driver import OursTree, SGLangTree, deterministic_clock
 pytestmark = pytest.mark.sglang
 
 
-# The one known difference (found by these tests, see sglang_driver.sglang_split_stamping_cache_class):
-# SGLang stamps the unaccessed remainder of a node that an access splits; our tree does not.
-# Minimal case, capacity 5: insert [1,2,3,4]; insert [9]; match [1,2]; evict 1 node ->
-# SGLang evicts [9] ([3,4] counts as just accessed), our tree evicts [3,4] (older than [9]).
-KNOWN_DIFFERENCE = (
-    "known difference: SGLang 0.5.23 re-stamps the unaccessed remainder of a node split by a match/insert, "
-    "repro.kvcache does not (ALGORITHMS.md assumes the same leaf order); remove this xfail once "
-    "repro.kvcache's node-granularity LRU stamps that remainder as SGLang does"
-)
+# SGLang 0.5.23 stamps the unaccessed remainder of a node that an access splits as accessed
+# now; repro.kvcache's node-granularity LRU follows that rule (RadixCache._stamp_split_remainder).
+# Minimal case, capacity 5: insert [1,2,3,4]; insert [9]; match [1,2]; evict 1 node -> [9] goes.
 
 
-def _both(sg, trace, capacity, policy, seed=0, in_flight=1, sglang_split_stamping=False):
+def _both(sg, trace, capacity, policy, seed=0, in_flight=1):
     with deterministic_clock(sg):
         theirs = SGLangTree(sg, capacity, policy, seed=seed)
         a = run_requests(theirs, [theirs.key_of(t) for t in trace], [len(t) for t in trace], in_flight=in_flight)
-    ours = OursTree(capacity, policy, seed=seed, sglang_split_stamping=sglang_split_stamping)
+    ours = OursTree(capacity, policy, seed=seed)
     b = run_requests(ours, [ours.key_of(t) for t in trace], [len(t) for t in trace], in_flight=in_flight)
     return a, b, theirs, ours
-
-
-# The exact-parity tests run our tree with SGLang's split-stamping rule emulated (test-only
-# subclass); the plain tree differs from SGLang by that rule only (xfail below, strict).
-EMULATE_SGLANG_SPLIT_STAMPING = True
 
 
 def _assert_same(a, b):
@@ -58,8 +47,7 @@ def _assert_same(a, b):
 def test_lru_matches_sglang_on_random_prefix_trees(sg, seed, in_flight):
     rng = np.random.default_rng(seed)
     trace = prefix_tree_trace(rng, 300, branching=3, depth=5, segment_tokens=(1, 8))
-    a, b, theirs, ours = _both(sg, trace, 50 + 10 * seed, "lru", in_flight=in_flight,
-                               sglang_split_stamping=EMULATE_SGLANG_SPLIT_STAMPING)
+    a, b, theirs, ours = _both(sg, trace, 50 + 10 * seed, "lru", in_flight=in_flight)
     assert a["evicted"] > 100  # the capacity is tight enough for eviction to matter
     _assert_same(a, b)
     assert theirs.total_size() == ours.total_size() == theirs.cache.total_size()
@@ -69,7 +57,7 @@ def test_lru_matches_sglang_on_a_gsp_like_trace(sg):
     rng = np.random.default_rng(7)
     prefixes = [rng.integers(0, 1000, 64) for _ in range(8)]
     trace = [np.concatenate([prefixes[g], rng.integers(0, 1000, 16)]) for g in rng.integers(0, 8, 200)]
-    a, b, _, _ = _both(sg, trace, 300, "lru", in_flight=3, sglang_split_stamping=EMULATE_SGLANG_SPLIT_STAMPING)
+    a, b, _, _ = _both(sg, trace, 300, "lru", in_flight=3)
     assert a["evicted"] > 1000
     _assert_same(a, b)
 
@@ -84,21 +72,19 @@ def test_lru_matches_sglang_on_a_gsp_like_trace(sg):
 def test_lru_parity_property(sg, seed, capacity, in_flight, vocab):
     rng = np.random.default_rng(seed)
     trace = prefix_tree_trace(rng, 60, branching=2, depth=4, segment_tokens=(1, 5), vocab=vocab)
-    a, b, _, _ = _both(sg, trace, capacity, "lru", in_flight=in_flight,
-                       sglang_split_stamping=EMULATE_SGLANG_SPLIT_STAMPING)
+    a, b, _, _ = _both(sg, trace, capacity, "lru", in_flight=in_flight)
     _assert_same(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCE)
 def test_lru_plain_tree_matches_sglang(sg):
-    rng = np.random.default_rng(0)  # diverges at request 16 with the tree as it is
+    rng = np.random.default_rng(0)  # diverged at request 16 before the split-stamping rule
     trace = prefix_tree_trace(rng, 300, branching=3, depth=5, segment_tokens=(1, 8))
     a, b, _, _ = _both(sg, trace, 50, "lru")
     _assert_same(a, b)
 
 
 def test_known_difference_minimal_case(sg):
-    """SGLang counts the remainder of a split node as accessed; the emulation does the same."""
+    """SGLang counts the remainder of a split node as accessed; so does our node-granularity LRU."""
     ops = [("insert", [1, 2, 3, 4]), ("insert", [9]), ("match", [1, 2])]
     with deterministic_clock(sg):
         theirs = SGLangTree(sg, 5, "lru")
@@ -107,7 +93,7 @@ def test_known_difference_minimal_case(sg):
         theirs.evict(1)
         assert theirs.match_prefix(theirs.key_of([9]))[0] == 0  # [9] was the victim
         assert theirs.match_prefix(theirs.key_of([1, 2, 3, 4]))[0] == 4
-    ours = OursTree(5, "lru", sglang_split_stamping=True)
+    ours = OursTree(5, "lru")
     for op, toks in ops:
         getattr(ours, "insert" if op == "insert" else "match_prefix")(ours.key_of(toks))
     ours.evict(1)

@@ -1,0 +1,240 @@
+"""Discrete-event cluster: arrivals -> router -> workers; step ends -> completions -> router.
+
+The event loop merges two sources: the arrivals (already sorted by time) and a heap of
+step-end events ``(time, seq, worker)`` with its own sequence counter, so ties are broken
+deterministically. Time is simulated time only; the wall clock is read solely to measure the
+CPU cost of routing / completion callbacks / evictions (SimTimings), which never feeds back.
+
+Simultaneous events (same simulated time) are applied in this order: step ends (in the order
+the steps were started), then arrivals (in arrival order); only then do idle workers with work
+start their next step. So a request arriving exactly when a worker frees up joins that worker's
+next batch, and a router that is told of a completion at time t sees it before routing an
+arrival at t.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.backends.base import RECORD_COLUMNS
+from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
+
+if TYPE_CHECKING:  # pragma: no cover
+    from repro.routing.base import Router
+    from repro.workloads.request import Request
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """Per-component seeds spawned from one run seed, in a fixed order.
+
+    ``np.random.SeedSequence(seed).spawn(2 + M)``: child 0 -> workload, 1 -> router,
+    2 + i -> worker i's eviction policy. A child's seed depends only on (seed, its index),
+    so the workload and router seeds do not change with the number of workers, and nothing
+    depends on the launcher or the process.
+    """
+
+    seed: int
+    workload: int
+    router: int
+    workers: tuple[int, ...]
+
+    @classmethod
+    def spawn(cls, seed: int, num_workers: int) -> "SeedPlan":
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        kids = np.random.SeedSequence(int(seed)).spawn(2 + num_workers)
+        ints = [int(k.generate_state(1, dtype=np.uint64)[0]) for k in kids]
+        return cls(int(seed), ints[0], ints[1], tuple(ints[2:]))
+
+
+def validate_requests(requests: Sequence["Request"], capacities: Sequence[int]) -> None:
+    """Clear errors before any work: ordering, lengths, and requests that can never fit."""
+    if not requests:
+        raise ValueError("the workload has no requests")
+    if min(capacities) < 1:
+        raise ValueError(f"KV capacities must be >= 1 token, got {list(capacities)}")
+    cap = min(capacities)
+    prev = -math.inf
+    seen: set = set()
+    for r in requests:
+        a = float(r.arrival_s)
+        if not math.isfinite(a) or a < prev:
+            raise ValueError(f"request {r.id}: arrival_s {a} is not finite or not sorted (previous {prev})")
+        prev = a
+        if r.id in seen:
+            raise ValueError(f"duplicate request id {r.id}")
+        seen.add(r.id)
+        plen = len(r.prompt_tokens)
+        if plen < 1 or r.output_len < 1:
+            raise ValueError(f"request {r.id}: prompt ({plen}) and output ({r.output_len}) need >= 1 token")
+        if plen + r.output_len > cap:
+            raise ValueError(
+                f"request {r.id} needs {plen} prompt + {r.output_len} output = {plen + r.output_len} KV tokens, "
+                f"more than a worker's whole KV cache ({cap} tokens): raise cluster.kv_cache_tokens / "
+                f"mem_fraction or shorten the workload"
+            )
+
+
+@dataclass
+class SimResult:
+    """Output of one simulation: records (RECORD_COLUMNS), timings (wall clock), stats."""
+
+    records: pd.DataFrame
+    timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+class SimCluster:
+    """M SimWorkers behind one router; `run()` simulates every request to completion.
+
+    `caches[i]` is worker i's radix cache (repro.kvcache contract), `cost_model` the
+    step-cost model (repro.costmodel contract) shared by all workers, `router` a
+    repro.routing.base.Router (reset here with `router_seed`).
+    """
+
+    def __init__(
+        self,
+        requests: Sequence["Request"],
+        caches: Sequence[Any],
+        cost_model: Any,
+        router: "Router",
+        scheduler: SchedulerConfig,
+        eviction_policy: str,
+        router_seed: int,
+        observer: Observer | None = None,
+    ):
+        if not caches:
+            raise ValueError("need at least one worker")
+        validate_requests(requests, [int(c.capacity_tokens) for c in caches])
+        self.table = RequestTable(requests)
+        self.timings = SimTimings()
+        self.workers = [
+            SimWorker(w, cache, cost_model, scheduler, self.table, eviction_policy, self.timings, observer)
+            for w, cache in enumerate(caches)
+        ]
+        self.views = [SimWorkerView(w) for w in self.workers]
+        self.router = router
+        self.router_seed = router_seed
+        self._ran = False
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        if self._ran:
+            raise RuntimeError("a SimCluster runs once; build a new one")
+        self._ran = True
+        t_wall0 = perf_counter_ns()
+        table, workers, views, router, tm = self.table, self.workers, self.views, self.router, self.timings
+        router.reset(views, self.router_seed)
+        select, complete = router.select_worker, router.on_request_complete
+        reqs = table.requests
+        n = table.n
+        m = len(workers)
+        inf = math.inf
+        arrival = table.arrival_s + [inf]  # sentinel: no bounds checks in the loop
+        heap: list[tuple[float, int, int]] = []
+        seq = 0
+        ai = 0
+        n_done = 0
+        report_every = max(1, n // 100)
+        next_report = report_every
+        kick: list[int] = []
+        while True:
+            ta = arrival[ai]
+            if heap and heap[0][0] <= ta:
+                now, _, w = heappop(heap)
+                done = workers[w].end_step(now)
+                if done:
+                    first, finish, cached = table.first_token_s, table.finish_s, table.cached_tokens
+                    for i in done:
+                        a = arrival[i]
+                        t0 = perf_counter_ns()
+                        complete(reqs[i], w, finish[i] - a, first[i] - a, cached[i], now)
+                        tm.complete_ns += perf_counter_ns() - t0
+                    tm.complete_calls += len(done)
+                    n_done += len(done)
+                    if progress is not None and n_done >= next_report:
+                        progress(n_done / n)
+                        next_report = n_done + report_every
+                kick.append(w)
+            elif ta < inf:
+                now = ta
+                i = ai
+                ai += 1
+                t0 = perf_counter_ns()
+                w = select(reqs[i], views, now)
+                tm.route_ns += perf_counter_ns() - t0
+                tm.route_calls += 1
+                if w.__class__ is not int:
+                    w = _as_worker_id(w, m)
+                elif not 0 <= w < m:
+                    raise ValueError(f"router returned worker {w!r}; valid ids are 0..{m - 1}")
+                table.worker[i] = w
+                worker = workers[w]
+                worker.enqueue(i)
+                if not worker.busy:
+                    kick.append(w)
+            else:
+                break
+            if kick:
+                nt = arrival[ai]
+                if heap and heap[0][0] < nt:
+                    nt = heap[0][0]
+                if nt > now:  # every event at `now` is applied: idle workers start their steps
+                    for w in kick:
+                        worker = workers[w]
+                        if not worker.busy:
+                            dur = worker.start_step(now)
+                            if dur >= 0.0:
+                                heappush(heap, (now + dur, seq, w))
+                                seq += 1
+                    kick.clear()
+        if n_done != n:  # cannot happen unless a component broke its contract
+            stuck = [i for i in range(n) if math.isnan(table.finish_s[i])][:5]
+            raise RuntimeError(f"simulation ended with {n - n_done} unfinished requests, e.g. {stuck}")
+        if progress is not None:
+            progress(1.0)
+        wall_s = (perf_counter_ns() - t_wall0) / 1e9
+        timings = tm.as_dict()
+        timings["simulation"] = {"wall_s": wall_s, "requests_per_wall_s": n / wall_s if wall_s > 0 else None}
+        stats = {
+            "prefill_steps": [wk.prefill_steps for wk in workers],
+            "decode_steps": [wk.decode_steps for wk in workers],
+            "busy_s": [wk.busy_s for wk in workers],
+        }
+        return SimResult(self.records(), timings, stats)
+
+    def records(self) -> pd.DataFrame:
+        """One row per request, RECORD_COLUMNS, in arrival order."""
+        t = self.table
+        reqs = t.requests
+        df = pd.DataFrame(
+            {
+                "id": np.array([r.id for r in reqs], dtype=np.int64),
+                "worker": np.array(t.worker, dtype=np.int64),
+                "arrival_s": np.array(t.arrival_s, dtype=np.float64),
+                "first_token_s": np.array(t.first_token_s, dtype=np.float64),
+                "finish_s": np.array(t.finish_s, dtype=np.float64),
+                "prompt_tokens": np.array(t.prompt_len, dtype=np.int64),
+                "cached_tokens": np.array(t.cached_tokens, dtype=np.int64),
+                "output_tokens": np.array(t.output_len, dtype=np.int64),
+                "group": np.array([r.group_id for r in reqs], dtype=np.int64),
+                "failed": np.zeros(t.n, dtype=bool),
+            }
+        )
+        return df[list(RECORD_COLUMNS)]
+
+
+def _as_worker_id(w: Any, m: int) -> int:
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)):
+        raise TypeError(f"router.select_worker must return an int worker id, got {w!r}")
+    w = int(w)
+    if not 0 <= w < m:
+        raise ValueError(f"router returned worker {w}; valid ids are 0..{m - 1}")
+    return w

@@ -1,0 +1,592 @@
+"""One simulated LLM worker: SGLang's scheduler (continuous batching) over a radix KV cache.
+
+What it reproduces (SGLang `Scheduler.get_next_batch_to_run` + `PrefillAdder`):
+- A waiting queue ranked by `schedule_policy`: ``lpm`` (longest cached prefix first; ties keep
+  arrival order; like SGLang it falls back to fcfs when more than 128 requests wait) or ``fcfs``.
+- Every iteration forms a prefill batch if it can and runs it; only when no prefill batch can be
+  formed does the running batch take a decode step (prefill has priority; no mixed chunk).
+- A prefill batch is bounded by `max_running_requests` (running + batch), `max_prefill_tokens`
+  (new tokens; as in SGLang a request is refused when its new tokens >= the remaining budget and
+  the batch is not empty, so the first request of a batch may exceed it) and
+  `chunked_prefill_size` (a request whose new tokens exceed the remaining chunk budget is
+  prefilled in chunks over several steps; at most one chunked request at a time; its next chunk
+  goes first into the next batch). `chunked_prefill_size: null` (or <= 0) disables chunking.
+- Admission of a request into a batch: ``match_prefix(prompt)`` (an access), lock, make room with
+  ``evict(need - free)``, ``insert(prompt)``, move the lock to the prompt's last node. If the
+  request does not fit even after evicting everything evictable, it and everything behind it
+  waits (head-of-line, like SGLang's adder stopping at NO_TOKEN).
+- The step holding a request's last prefill chunk produces its first token; then one token per
+  decode step. On finish: ``insert(prompt + generated)``, release the reservation, unlock.
+
+Simplifications and choices the paper leaves open (each one deliberate):
+- Output tokens are RESERVED at admission (`need` = uncached prompt tokens + output_len), so a
+  running request is never evicted or retracted. SGLang instead reserves an estimate
+  (new_token_ratio) and retracts requests under memory pressure.
+- The KV of the whole prompt is inserted into the tree at admission, even when its prefill is
+  chunked over several steps (SGLang inserts chunk by chunk). The transient duplicate KV that
+  SGLang allocates when two requests of one batch compute the same uncached tokens is not counted.
+- Hit tokens (`cached_tokens`) = the longest cached prefix whose KV is already COMPUTED when the
+  batch is formed, as in SGLang where all requests of a batch are matched before any of them is
+  inserted: a request cannot hit tokens that another request of the same batch is computing, nor
+  the not-yet-prefilled chunks of the chunked request (their tree nodes exist here because of
+  whole-prompt insertion). SGLang's "in-batch prefix caching" deprioritisation is not modelled.
+- A fully cached prompt still computes one token (its last; SGLang caps the prefix at len - 1 to
+  get logits); `cached_tokens` records the full match.
+- lpm ranks with ``peek_prefix``: SGLang calls match_prefix there, which touches recency; a queued
+  request must not stamp/mark tokens here. The admission-time ``match_prefix`` is the access.
+  Exception: when it is unclear without locking whether a request fits (its matched prefix may or
+  may not already be locked), the request is matched and locked to decide; if it then does not
+  fit, it is unlocked and waits -- that match did touch its prefix, as SGLang's does every round.
+- Decode context of a step = sum over the running batch of (prompt + tokens generated so far);
+  prefill attention work = sum n * (c + n / 2) with n new and c already computed tokens.
+- `kv_used_tokens` (router view) = tokens in the tree (evictable included) + KV of generated
+  tokens not yet inserted (those still being decoded); reservations are not counted.
+- No page size (page = 1 token), no retraction, no priority scheduling, no overlap scheduler.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from repro.workloads.request import Request
+
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+NO_CHUNK_LIMIT = sys.maxsize
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler knobs of one worker (SGLang server-arg names and defaults)."""
+
+    schedule_policy: str = "lpm"
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 8192  # None / <= 0: chunked prefill disabled
+    lpm_max_queue: int = 128  # SGLang: lpm falls back to fcfs above this queue length
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"scheduler.schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
+        for name in ("max_running_requests", "max_prefill_tokens", "lpm_max_queue"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"scheduler.{name} must be a positive integer, got {v!r}")
+        c = self.chunked_prefill_size
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer))):
+            raise ValueError(f"scheduler.chunked_prefill_size must be an integer or null, got {c!r}")
+
+    @property
+    def chunk_limit(self) -> int:
+        c = self.chunked_prefill_size
+        return NO_CHUNK_LIMIT if c is None or c <= 0 else int(c)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> "SchedulerConfig":
+        """From `cluster.scheduler` (a mapping); unknown keys are an error, missing ones default."""
+        cfg = dict(cfg or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"unknown cluster.scheduler keys {unknown}; known: {sorted(known)}")
+        return cls(**cfg)
+
+
+class RequestTable:
+    """Per-request state of one simulation, in flat lists indexed by arrival position.
+
+    Workers write the record fields (worker, first_token_s, finish_s, cached_tokens) in place,
+    so that building the records at the end is one conversion, not a loop over objects.
+    """
+
+    __slots__ = (
+        "requests",
+        "n",
+        "arrival_s",
+        "prompt_len",
+        "output_len",
+        "prompt_tokens",
+        "prompt_key",
+        "worker",
+        "first_token_s",
+        "finish_s",
+        "cached_tokens",
+        "compute_start",
+        "compute_len",
+        "prefilled",
+        "lock_node",
+        "est_hit",
+        "peek_len",
+        "peek_version",
+    )
+
+    def __init__(self, requests: Sequence["Request"]):
+        self.requests = list(requests)
+        n = self.n = len(self.requests)
+        self.arrival_s = [float(r.arrival_s) for r in self.requests]
+        self.prompt_tokens = [np.ascontiguousarray(r.prompt_tokens, dtype=np.int32) for r in self.requests]
+        self.prompt_key = [t.tobytes() for t in self.prompt_tokens]  # the radix tree's key format
+        self.prompt_len = [len(t) for t in self.prompt_tokens]
+        self.output_len = [int(r.output_len) for r in self.requests]
+        nan = float("nan")
+        self.worker = [-1] * n
+        self.first_token_s = [nan] * n
+        self.finish_s = [nan] * n
+        self.cached_tokens = [0] * n
+        self.compute_start = [0] * n  # tokens already computed when its prefill starts
+        self.compute_len = [0] * n  # tokens its prefill computes (>= 1)
+        self.prefilled = [0] * n  # of compute_len, done so far (chunked prefill)
+        self.lock_node: list[Any] = [None] * n
+        self.est_hit = [0] * n  # hit estimate while waiting (for waiting_prefill_tokens)
+        self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
+        self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
+
+    def full_key(self, i: int) -> bytes:
+        """Key of the complete path prompt || generated."""
+        gen = np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32)
+        return self.prompt_key[i] + gen.tobytes()
+
+
+class SimTimings:
+    """Wall-clock CPU cost of routing decisions, completion callbacks and eviction calls.
+
+    Machine-dependent; goes to timings.json only, never onto the simulated clock.
+    """
+
+    __slots__ = ("route_ns", "route_calls", "complete_ns", "complete_calls", "evict_ns", "evict_calls", "evicted_tokens")
+
+    def __init__(self) -> None:
+        self.route_ns = self.route_calls = 0
+        self.complete_ns = self.complete_calls = 0
+        self.evict_ns = self.evict_calls = self.evicted_tokens = 0
+
+    def as_dict(self) -> dict:
+        def per(total_ns: int, count: int, scale: float) -> float | None:
+            return total_ns / count / scale if count else None
+
+        return {
+            "routing": {
+                "decisions": self.route_calls,
+                "total_s": self.route_ns / 1e9,
+                "mean_ms_per_decision": per(self.route_ns, self.route_calls, 1e6),
+            },
+            "completion_callback": {
+                "calls": self.complete_calls,
+                "total_s": self.complete_ns / 1e9,
+                "mean_ms_per_call": per(self.complete_ns, self.complete_calls, 1e6),
+            },
+            "eviction": {
+                "calls": self.evict_calls,
+                "evicted_tokens": self.evicted_tokens,
+                "total_s": self.evict_ns / 1e9,
+                "mean_ms_per_call": per(self.evict_ns, self.evict_calls, 1e6),
+                "mean_us_per_evicted_token": per(self.evict_ns, self.evicted_tokens, 1e3),
+            },
+        }
+
+
+# observer(event, worker, info): event "start" (info: StepInfo) or "end" (info: finished indices)
+Observer = Callable[[str, "SimWorker", Any], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What one scheduler step does (given to an observer; tests check bounds with it)."""
+
+    start_s: float
+    duration_s: float
+    prefill: tuple[tuple[int, int], ...]  # (request index, tokens prefilled this step)
+    prefill_tokens: int
+    prefill_attn_work: float
+    decode_batch: int
+    decode_context_tokens: int
+    admitted: tuple[int, ...]  # requests admitted (matched, locked, inserted) by this step
+
+
+class SimWorker:
+    """One worker: waiting queue, running batch, chunked request, radix cache, step costs.
+
+    Driven by the cluster's event loop: `enqueue` on dispatch, `start_step(now)` when idle
+    (returns the step's duration, or -1 when there is nothing to do), `end_step(now)` when the
+    step's end event fires (returns the indices of requests finished by it).
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        cache: Any,
+        cost_model: Any,
+        scheduler: SchedulerConfig,
+        table: RequestTable,
+        eviction_policy: str,
+        timings: SimTimings | None = None,
+        observer: Observer | None = None,
+    ):
+        self.worker_id = worker_id
+        self.cache = cache
+        self.cost_model = cost_model
+        self.eviction_policy = eviction_policy
+        self.capacity = int(cache.capacity_tokens)
+        self.table = table
+        self.timings = timings if timings is not None else SimTimings()
+        self.observer = observer
+        self.lpm = scheduler.schedule_policy == "lpm"
+        self.lpm_max_queue = scheduler.lpm_max_queue
+        self.max_running = scheduler.max_running_requests
+        self.max_prefill_tokens = scheduler.max_prefill_tokens
+        self.chunk_limit = scheduler.chunk_limit
+        self._step_time_s = cost_model.step_time_s
+
+        self.waiting: list[int] = []  # request indices in arrival order
+        self._waiting_prefill = 0  # sum of (prompt - est_hit) over waiting
+        self.chunked = -1  # request in chunked prefill, -1 if none
+        self.pending: list[tuple[np.ndarray, int]] = []  # (prompt, first uncomputed position)
+        self.n_running = 0  # decode batch size
+        self.n_admitted = 0  # admitted and unfinished (prefilling or running)
+        self.context_tokens = 0  # sum of (prompt + generated) over the running batch
+        self.active_kv_tokens = 0  # same over all admitted, unfinished requests
+        self.live_generated = 0  # generated tokens of unfinished requests (not in the tree yet)
+        self.reserved_tokens = 0  # output tokens reserved by admitted, unfinished requests
+        self.decode_steps = 0
+        self.prefill_steps = 0
+        self.busy_s = 0.0
+        self._finish_at: dict[int, list[int]] = {}  # decode step number -> requests finishing then
+        self.busy = False
+        self._batch: list[tuple[int, int]] | None = None  # current prefill batch, None = decode
+        # Bumped by every insert / evict (the only calls that change prefix lengths), so a
+        # queued request's peek_prefix is recomputed only after the tree changed.
+        self.tree_version = 0
+
+    # ------------------------------------------------------------------ router-visible state
+    @property
+    def in_flight(self) -> int:
+        return len(self.waiting) + self.n_admitted
+
+    @property
+    def waiting_prefill_tokens(self) -> int:
+        """Uncached prompt tokens still to prefill: waiting requests (hit estimated with
+        peek_prefix at dispatch, refreshed whenever lpm ranks the queue) + the chunked rest."""
+        rest = 0
+        ch = self.chunked
+        if ch >= 0:
+            rest = self.table.compute_len[ch] - self.table.prefilled[ch]
+        return self._waiting_prefill + rest
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return int(self.cache.total_size()) + self.live_generated
+
+    # ------------------------------------------------------------------ dispatch
+    def enqueue(self, i: int) -> None:
+        t = self.table
+        h = self._computed_hit(i, self._peek(i))
+        t.est_hit[i] = h
+        self._waiting_prefill += t.prompt_len[i] - h
+        self.waiting.append(i)
+
+    # ------------------------------------------------------------------ hits
+    def _peek(self, i: int) -> int:
+        t = self.table
+        if t.peek_version[i] != self.tree_version:
+            t.peek_len[i] = self.cache.peek_prefix(t.prompt_key[i])
+            t.peek_version[i] = self.tree_version
+        return t.peek_len[i]
+
+    def _computed_hit(self, i: int, p: int) -> int:
+        """Cap a tree match `p` at the first token whose KV is not computed yet.
+
+        Uncomputed tokens are the suffixes [start, len) of the prompts in `self.pending`
+        (the chunked request, and during batch formation the requests admitted so far).
+        Request i's match reaches such a token iff it agrees with that prompt on
+        positions 0..start.
+        """
+        if self.pending and p:
+            toks = self.table.prompt_tokens[i]
+            for other, start in self.pending:
+                if p > start and toks[start] == other[start] and np.array_equal(toks[:start], other[:start]):
+                    p = start
+        return p
+
+    def _ranked_waiting(self) -> list[int]:
+        w = self.waiting
+        if not self.lpm or len(w) < 2 or len(w) > self.lpm_max_queue:
+            return w
+        est = self.table.est_hit
+        delta = 0
+        hits = []
+        for i in w:
+            h = self._computed_hit(i, self._peek(i))
+            delta += est[i] - h
+            est[i] = h
+            hits.append(h)
+        self._waiting_prefill += delta
+        order = sorted(range(len(w)), key=hits.__getitem__, reverse=True)
+        # sorted(reverse=True) keeps equal keys in their original (arrival) order
+        return [w[k] for k in order]
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, i: int, p: int) -> bool:
+        """Match, lock, evict, insert request i's prompt; False (nothing changed) if it cannot fit."""
+        t = self.table
+        cache = self.cache
+        key = t.prompt_key[i]
+        out = t.output_len[i]
+        plen = t.prompt_len[i]
+        need = plen - p + out
+        free = self.capacity - cache.total_size() - self.reserved_tokens
+        matched_node = None
+        if need <= free:  # no eviction, so nothing to protect until the prompt's own lock
+            cache.match_prefix(key)
+        else:
+            evictable = cache.evictable_size()
+            if need > free + evictable:
+                return False
+            # Locking the matched prefix removes up to p of its tokens from `evictable`.
+            unsure = need > free + evictable - p
+            m = cache.match_prefix(key)
+            matched_node = m.last_node
+            cache.inc_lock_ref(matched_node)
+            need = plen - m.length + out
+            if unsure and need > free + cache.evictable_size():
+                cache.dec_lock_ref(matched_node)
+                return False
+            self._evict(need - free)
+            free = self.capacity - cache.total_size() - self.reserved_tokens
+            if need > free:  # the kvcache broke its evict contract
+                raise RuntimeError(f"worker {self.worker_id}: after evict() {free} tokens are free, {need} needed")
+        ins = cache.insert(key)
+        cache.inc_lock_ref(ins.last_node)
+        if matched_node is not None:
+            cache.dec_lock_ref(matched_node)
+        t.lock_node[i] = ins.last_node
+        self.reserved_tokens += out
+        self.tree_version += 1
+        return True
+
+    def _evict(self, num_tokens: int) -> None:
+        self.tree_version += 1
+        tm = self.timings
+        t0 = perf_counter_ns()
+        evicted = self.cache.evict(num_tokens)
+        tm.evict_ns += perf_counter_ns() - t0
+        tm.evict_calls += 1
+        tm.evicted_tokens += evicted
+
+    def _form_prefill_batch(self) -> tuple[list[tuple[int, int]], list[int], int, float]:
+        t = self.table
+        cstart, clen, prefilled = t.compute_start, t.compute_len, t.prefilled
+        rem_chunk = self.chunk_limit
+        rem_input = self.max_prefill_tokens
+        slots = self.max_running - self.n_running
+        batch: list[tuple[int, int]] = []
+        admitted: list[int] = []
+        tokens = 0
+        attn = 0.0
+        ch = self.chunked
+        if ch >= 0:  # the chunked request's next chunk goes first
+            c = cstart[ch] + prefilled[ch]
+            n = min(clen[ch] - prefilled[ch], rem_chunk)
+            batch.append((ch, n))
+            tokens += n
+            attn += n * (c + n / 2)
+            rem_chunk -= n
+            rem_input -= n
+        if self.waiting and rem_chunk > 0 and rem_input > 0 and len(batch) < slots:
+            pending = self.pending
+            for i in self._ranked_waiting():
+                if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
+                    break
+                plen = t.prompt_len[i]
+                p = self._peek(i)
+                h = self._computed_hit(i, p)
+                c0 = h if h < plen else plen - 1
+                n_total = plen - c0
+                if batch and n_total >= rem_input:  # SGLang: input budget (OTHER)
+                    break
+                if not self._admit(i, p):  # memory (NO_TOKEN): head-of-line wait
+                    break
+                admitted.append(i)
+                self._waiting_prefill -= plen - t.est_hit[i]
+                self.n_admitted += 1
+                self.active_kv_tokens += plen
+                t.cached_tokens[i] = h
+                cstart[i] = c0
+                clen[i] = n_total
+                prefilled[i] = 0
+                if h < plen:
+                    pending.append((t.prompt_tokens[i], h))
+                n = n_total if n_total <= rem_chunk else rem_chunk
+                batch.append((i, n))
+                tokens += n
+                attn += n * (c0 + n / 2)
+                rem_chunk -= n
+                rem_input -= n
+                if n < n_total:  # became the chunked request: the chunk budget is spent
+                    break
+            if admitted:
+                if len(admitted) == len(self.waiting):
+                    self.waiting = []
+                else:
+                    gone = set(admitted)
+                    self.waiting = [i for i in self.waiting if i not in gone]
+        return batch, admitted, tokens, attn
+
+    # ------------------------------------------------------------------ steps
+    def start_step(self, now: float) -> float:
+        """Start the next step at `now`; its duration in seconds, or -1.0 if idle."""
+        batch = None
+        if self.waiting or self.chunked >= 0:
+            batch, admitted, tokens, attn = self._form_prefill_batch()
+        if batch:
+            self._batch = batch
+            self.prefill_steps += 1
+            decode_batch = context = 0
+            dur = self._step_time_s(tokens, attn, 0, 0)
+        elif self.n_running:
+            self._batch = None
+            batch, admitted, tokens, attn = (), (), 0, 0.0
+            decode_batch, context = self.n_running, self.context_tokens
+            dur = self._step_time_s(0, 0.0, decode_batch, context)
+        else:
+            return -1.0
+        if not 0.0 <= dur < float("inf"):
+            raise ValueError(
+                f"worker {self.worker_id}: cost model returned step time {dur!r} for (prefill_tokens={tokens}, "
+                f"attn_work={attn}, decode_batch={decode_batch}, context={context})"
+            )
+        self.busy = True
+        self.busy_s += dur
+        if self.observer is not None:
+            info = StepInfo(now, dur, tuple(batch), tokens, attn, decode_batch, context, tuple(admitted))
+            self.observer("start", self, info)
+        return dur
+
+    def end_step(self, now: float) -> list[int]:
+        """Apply the effects of the step ending at `now`; return the requests it finished."""
+        t = self.table
+        done: list[int] = []
+        batch = self._batch
+        if batch is not None:
+            prefilled, clen = t.prefilled, t.compute_len
+            chunked = -1
+            for i, n in batch:
+                pf = prefilled[i] + n
+                prefilled[i] = pf
+                if pf < clen[i]:
+                    chunked = i
+                    continue
+                t.first_token_s[i] = now
+                self.live_generated += 1
+                self.active_kv_tokens += 1
+                out = t.output_len[i]
+                if out == 1:
+                    self._finish(i, now)
+                    done.append(i)
+                else:
+                    self.n_running += 1
+                    self.context_tokens += t.prompt_len[i] + 1
+                    step = self.decode_steps + out - 1
+                    lst = self._finish_at.get(step)
+                    if lst is None:
+                        self._finish_at[step] = [i]
+                    else:
+                        lst.append(i)
+            self.chunked = chunked
+            if chunked >= 0:
+                self.pending = [(t.prompt_tokens[chunked], t.compute_start[chunked] + prefilled[chunked])]
+            else:
+                self.pending = []
+            self._batch = None
+        else:
+            self.decode_steps += 1
+            nr = self.n_running
+            self.context_tokens += nr
+            self.live_generated += nr
+            self.active_kv_tokens += nr
+            fin = self._finish_at.pop(self.decode_steps, None)
+            if fin:
+                plen, olen = t.prompt_len, t.output_len
+                for i in fin:
+                    self.n_running -= 1
+                    self.context_tokens -= plen[i] + olen[i]
+                    self._finish(i, now)
+                done = fin
+        self.busy = False
+        if self.observer is not None:
+            self.observer("end", self, tuple(done))
+        return done
+
+    def _finish(self, i: int, now: float) -> None:
+        t = self.table
+        out = t.output_len[i]
+        self.reserved_tokens -= out  # the reservation becomes the generated path's room
+        self.cache.insert(t.full_key(i))
+        self.tree_version += 1
+        self.cache.dec_lock_ref(t.lock_node[i])
+        t.lock_node[i] = None
+        t.finish_s[i] = now
+        self.live_generated -= out
+        self.active_kv_tokens -= t.prompt_len[i] + out
+        self.n_admitted -= 1
+
+
+class SimWorkerView:
+    """Read-only `WorkerView` of a SimWorker (repro/routing/base.py); cheap properties."""
+
+    __slots__ = ("worker_id", "_w")
+
+    def __init__(self, worker: SimWorker):
+        self.worker_id = worker.worker_id
+        self._w = worker
+
+    @property
+    def in_flight(self) -> int:
+        return self._w.in_flight
+
+    @property
+    def waiting(self) -> int:
+        return len(self._w.waiting)
+
+    @property
+    def waiting_prefill_tokens(self) -> int:
+        return self._w.waiting_prefill_tokens
+
+    @property
+    def running(self) -> int:
+        return self._w.n_running
+
+    @property
+    def active_kv_tokens(self) -> int:
+        return self._w.active_kv_tokens
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._w.capacity
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self._w.kv_used_tokens
+
+    @property
+    def eviction_policy(self) -> str:
+        return self._w.eviction_policy
+
+    @property
+    def cost_model(self) -> Any:
+        return self._w.cost_model
+
+    def peek_prefix(self, tokens: Any) -> int:
+        return self._w.cache.peek_prefix(tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"SimWorkerView(worker_id={self.worker_id}, waiting={self.waiting}, running={self.running}, "
+            f"kv_used_tokens={self.kv_used_tokens}/{self.kv_capacity_tokens})"
+        )

@@ -1,0 +1,232 @@
+"""Simulated requests per wall-clock second on a Fig. 2-sized cell.
+
+Cell: 4 workers, GSP 64 groups x 16 prompts, 2048-token system prompts + 128-token questions,
+4 output tokens, 12 req/s Poisson, random order, 1024 queries, Llama-3.1-8B on L40;
+systems LBGR+RLT and CacheAware+LRU (conf/router/{lbgr,cache_aware}.yaml, conf/eviction/{rlt,lru}.yaml).
+
+Uses the real parts when they are importable (repro.workloads.build_workload,
+repro.costmodel.StepCostModel + conf/model + conf/hardware, repro.kvcache.make_cache, routers
+from conf/router); otherwise the test fakes (tests/sim/sim_fakes.py: GSP-shaped generator,
+fixed-coefficient cost model of L40-like magnitude, token-per-node TrieCache, random
+router) -- it prints which. Every run is timed side by side in this one process, and the
+wall time is split into: inside cache calls, inside router calls, and the simulator itself.
+
+    PYTHONPATH=. python tests/benchmarks/bench_sim.py [--repeat 3] [--queries 1024] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from repro.sim.cluster import SeedPlan, SimCluster  # noqa: E402
+from repro.sim.worker import SchedulerConfig  # noqa: E402
+from tests.sim import sim_fakes  # noqa: E402
+
+TARGET_RPS = 5000.0
+CAPACITY_TOKENS = 210_000  # L40 48 GB * 0.9 - 16 GB bf16 weights, / 128 KiB per token (fallback only)
+
+
+class TimedCache:
+    """Forwards the kvcache contract's methods and accumulates the wall time spent inside them."""
+
+    METHODS = ("match_prefix", "peek_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "evict",
+               "evictable_size", "protected_size", "total_size", "free_tokens")
+
+    def __init__(self, inner, clock):
+        self.capacity_tokens = inner.capacity_tokens
+        for name in self.METHODS:
+            setattr(self, name, self._timed(getattr(inner, name), clock))
+
+    @staticmethod
+    def _timed(fn, clock):
+        ns = time.perf_counter_ns
+
+        def timed(*a):
+            t0 = ns()
+            r = fn(*a)
+            clock[0] += ns() - t0
+            return r
+
+        return timed
+
+
+class ConstantTimeCache:
+    """Stores nothing, every lookup misses, O(1) per call: what the simulator costs by itself."""
+
+    def __init__(self, capacity_tokens):
+        self.capacity_tokens = capacity_tokens
+
+    def peek_prefix(self, key):
+        return 0
+
+    def match_prefix(self, key):
+        return sim_fakes.MatchResult(0, None)
+
+    def insert(self, key):
+        return sim_fakes.InsertResult(0, None)
+
+    def inc_lock_ref(self, node):
+        return 0
+
+    dec_lock_ref = inc_lock_ref
+
+    def evict(self, num_tokens):
+        return 0
+
+    def evictable_size(self):
+        return 0
+
+    total_size = protected_size = evictable_size
+
+    def free_tokens(self):
+        return self.capacity_tokens
+
+
+def gsp_fallback(n_queries: int, seed: int):
+    rng = np.random.default_rng(seed)
+    groups, per_group = 64, 16
+    systems = [rng.integers(1, 100_000, size=2048) for _ in range(groups)]
+    items = rng.permutation(groups * per_group)[:n_queries]
+    arrivals = np.cumsum(rng.exponential(1 / 12.0, size=len(items)))
+    reqs = []
+    for rid, (item, t) in enumerate(zip(items, arrivals)):
+        g = int(item) // per_group
+        prompt = np.concatenate([systems[g], rng.integers(100_000, 200_000, size=128)])
+        reqs.append(sim_fakes.make_request(rid, t, prompt, output_len=4, group=g,
+                                           generated=rng.integers(200_000, 300_000, size=4)))
+    return reqs
+
+
+def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
+    """The cell's parts: requests, cost model, cache and router factories, capacity, seeds, what was used."""
+    plan = SeedPlan.spawn(seed, 4)
+    used = {}
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    try:
+        from omegaconf import OmegaConf
+
+        import repro.workloads as workloads
+
+        wcfg = OmegaConf.load(conf / "workload" / "gsp.yaml")
+        wcfg.num_queries = n_queries
+        wcfg.system_prompt_len_range = None  # fixed 2048-token system prompts
+        reqs = workloads.build_workload(wcfg, plan.workload).requests
+        used["workload"] = "repro.workloads (conf/workload/gsp.yaml, 2048-token system prompts)"
+    except Exception as e:  # not landed yet
+        reqs = gsp_fallback(n_queries, plan.workload)
+        used["workload"] = f"fake GSP ({type(e).__name__})"
+    try:
+        from omegaconf import OmegaConf
+
+        import repro.costmodel as costmodel
+
+        model = OmegaConf.load(conf / "model" / "llama31_8b.yaml")
+        hw = OmegaConf.load(conf / "hardware" / "l40.yaml")
+        cost = costmodel.StepCostModel.from_config(model, hw)
+        capacity = int(costmodel.kv_capacity_tokens(model, hw, 0.9))
+        used["cost model"] = "repro.costmodel (llama31_8b on l40)"
+    except Exception as e:
+        cost = sim_fakes.FixedCostModel(base_s=0.02, prefill_token_s=1.2e-4, attn_work_s=1e-9,
+                                        decode_seq_s=2e-4, context_token_s=1e-7)
+        capacity = CAPACITY_TOKENS
+        used["cost model"] = f"fake fixed-coefficient ({type(e).__name__})"
+    try:
+        from omegaconf import OmegaConf
+
+        import repro.kvcache as kvcache
+
+        ecfg = OmegaConf.load(conf / "eviction" / f"{eviction}.yaml")
+        make_cache = lambda cap, s: kvcache.make_cache(cap, ecfg, s)  # noqa: E731
+        used["cache"] = f"repro.kvcache (conf/eviction/{eviction}.yaml, granularity {ecfg.get('granularity')})"
+    except Exception as e:
+        make_cache = lambda cap, s: sim_fakes.TrieCache(cap)  # noqa: E731
+        used["cache"] = f"fake TrieCache, LRU ({type(e).__name__})"
+    try:
+        import hydra.utils
+        from omegaconf import OmegaConf
+
+        rcfg = OmegaConf.load(conf / "router" / f"{router_name}.yaml")
+        make_router = lambda: hydra.utils.instantiate(rcfg)  # noqa: E731
+        make_router()
+        used["router"] = f"conf/router/{router_name}.yaml"
+    except Exception as e:
+        make_router = sim_fakes.RandomRouter
+        used["router"] = f"fake random ({type(e).__name__})"
+    return SimpleNamespace(requests=reqs, cost=cost, make_cache=make_cache, make_router=make_router,
+                           capacity=capacity, plan=plan, eviction=eviction, used=used)
+
+
+def run_once(parts, profile: bool = False, constant_cache: bool = False):
+    make_cache = (lambda cap, s: ConstantTimeCache(cap)) if constant_cache else parts.make_cache
+    cache_ns = [0]
+    caches = [TimedCache(make_cache(parts.capacity, s), cache_ns) for s in parts.plan.workers]
+    reqs = parts.requests
+    sim = SimCluster(reqs, caches, parts.cost, parts.make_router(), SchedulerConfig(), parts.eviction, parts.plan.router)
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    res = sim.run()
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    tm = res.timings
+    route_s = tm["routing"]["total_s"] + tm["completion_callback"]["total_s"]
+    cache_s = cache_ns[0] / 1e9
+    return {
+        "wall_s": wall,
+        "rps": len(reqs) / wall,
+        "cache_s": cache_s,
+        "router_s": route_s,
+        "sim_s": wall - cache_s - route_s,
+        "steps": sum(res.stats["prefill_steps"]) + sum(res.stats["decode_steps"]),
+        "hit_rate": float(res.records["cached_tokens"].sum() / res.records["prompt_tokens"].sum()),
+        "makespan_s": float(res.records["finish_s"].max() - res.records["arrival_s"].min()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--queries", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="cProfile one extra run, top functions by own time")
+    args = ap.parse_args()
+    systems = [("lbgr", "rlt"), ("cache_aware", "lru")]
+    for router_name, eviction in systems:
+        parts = build_parts(args.queries, args.seed, router_name, eviction)
+        print(f"\n== {router_name} + {eviction}: " + "; ".join(f"{k}: {v}" for k, v in parts.used.items()))
+        runs = [run_once(parts) for _ in range(args.repeat)]
+        best = min(runs, key=lambda r: r["wall_s"])
+        print(f"  {len(parts.requests)} requests, {best['steps']} steps, hit rate {best['hit_rate']:.3f}, "
+              f"simulated makespan {best['makespan_s']:.1f} s")
+        for r in runs:
+            print(f"  wall {r['wall_s']:.3f} s = cache {r['cache_s']:.3f} + router {r['router_s']:.3f} "
+                  f"+ simulator {r['sim_s']:.3f}  ->  {r['rps']:,.0f} req/s")
+        sim_only = len(parts.requests) / best["sim_s"]
+        print(f"  best: {best['rps']:,.0f} simulated req/s = {best['rps'] / TARGET_RPS:.2f} x target {TARGET_RPS:,.0f}; "
+              f"simulator alone (excl. cache + router calls): {sim_only:,.0f} req/s = {sim_only / TARGET_RPS:.2f} x target; "
+              f"simulator share of wall time {best['sim_s'] / best['wall_s']:.0%}")
+        floor = min((run_once(parts, constant_cache=True) for _ in range(args.repeat)), key=lambda r: r["wall_s"])
+        floor_sim = len(parts.requests) / floor["sim_s"]
+        print(f"  same requests, constant-time no-hit cache ({floor['steps']} steps): {floor['rps']:,.0f} req/s "
+              f"(router {floor['router_s']:.3f} s); simulator alone {floor_sim:,.0f} req/s = "
+              f"{floor_sim / TARGET_RPS:.2f} x target")
+        if args.profile:
+            run_once(parts, profile=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Invariants on random configs, and the fast simulator against the slow reference.
+
+Random cells: 1-3 workers, GSP-shaped requests (shared prefixes), tight KV capacities (so
+eviction and head-of-line waits happen), small batch / prefill / chunk budgets, both
+schedule policies, several routers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from repro.sim.cluster import SimCluster
+from repro.sim.worker import SchedulerConfig
+from tests.sim.reference_sim import reference_simulate
+from tests.sim.sim_fakes import (
+    FixedCostModel,
+    LeastLoadedRouter,
+    RandomRouter,
+    RoundRobinRouter,
+    TrieCache,
+    ViewRecorder,
+    gsp_requests,
+)
+
+ROUTERS = (RoundRobinRouter, RandomRouter, LeastLoadedRouter)
+
+
+@st.composite
+def cells(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    reqs = gsp_requests(
+        seed,
+        num_groups=draw(st.integers(1, 5)),
+        per_group=draw(st.integers(1, 5)),
+        system_len=(draw(st.integers(1, 20)), 30),
+        question_len=(1, draw(st.integers(1, 12))),
+        output_len=(1, draw(st.integers(1, 6))),
+        rate=draw(st.sampled_from([1.0, 20.0, 500.0])),
+    )
+    biggest = max(len(r.prompt_tokens) + r.output_len for r in reqs)
+    m = draw(st.integers(1, 3))
+    caps = [biggest + draw(st.integers(0, 3 * biggest)) for _ in range(m)]
+    sched = SchedulerConfig(
+        schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
+        max_running_requests=draw(st.integers(1, 6)),
+        max_prefill_tokens=draw(st.integers(1, 80)),
+        chunked_prefill_size=draw(st.sampled_from([None, 0, 1, 5, 16, 64])),
+        lpm_max_queue=draw(st.sampled_from([2, 128])),
+    )
+    cost = FixedCostModel(
+        base_s=draw(st.sampled_from([0.0, 0.005])),
+        prefill_token_s=0.001,
+        attn_work_s=draw(st.sampled_from([0.0, 1e-6])),
+        decode_seq_s=0.002,
+        context_token_s=draw(st.sampled_from([0.0, 1e-5])),
+    )
+    router = draw(st.sampled_from(ROUTERS))
+    return reqs, caps, sched, cost, router, seed
+
+
+class Auditor:
+    """Observer checking every step of every worker."""
+
+    def __init__(self, sched: SchedulerConfig):
+        self.sched = sched
+        self.finished: list[int] = []
+        self.steps = 0
+
+    def __call__(self, event, w, info):
+        cache, t = w.cache, w.table
+        # memory never over capacity (tree + reservations), at every step boundary
+        assert cache.total_size() + w.reserved_tokens <= w.capacity
+        assert w.reserved_tokens >= 0 and w.n_running >= 0
+        # locked tokens never evicted: every admitted, unfinished request keeps its whole prompt
+        live = [i for i in range(t.n) if t.worker[i] == w.worker_id and t.lock_node[i] is not None]
+        assert len(live) == w.n_admitted
+        for i in live:
+            assert cache.peek_prefix(t.prompt_key[i]) == t.prompt_len[i]
+        # the router's prefill-backlog estimate stays within [0, all uncomputed prompt tokens]
+        backlog = sum(t.prompt_len[i] for i in w.waiting)
+        if w.chunked >= 0:
+            backlog += t.compute_len[w.chunked] - t.prefilled[w.chunked]
+        assert 0 <= w.waiting_prefill_tokens <= backlog
+        if event == "end":
+            self.finished.extend(info)
+            return
+        self.steps += 1
+        assert info.duration_s >= 0
+        if info.prefill:
+            n_new = [n for _, n in info.prefill]
+            assert all(n >= 1 for n in n_new)
+            assert info.prefill_tokens == sum(n_new)
+            assert info.prefill_tokens <= self.sched.chunk_limit
+            if len(n_new) > 1:
+                assert info.prefill_tokens <= self.sched.max_prefill_tokens
+            # at most one request leaves this step with its prefill unfinished
+            unfinished = [i for i, n in info.prefill if t.prefilled[i] + n < t.compute_len[i]]
+            assert len(unfinished) <= 1
+            assert w.n_running + len(info.prefill) <= self.sched.max_running_requests
+            assert info.decode_batch == 0
+        else:
+            assert 1 <= info.decode_batch == w.n_running <= self.sched.max_running_requests
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cells())
+def test_invariants_on_random_cells(cell):
+    reqs, caps, sched, cost, router_cls, seed = cell
+    auditor = Auditor(sched)
+    router = router_cls()
+    calls = []
+    inner = router.on_request_complete
+
+    def on_complete(request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
+        calls.append(request.id)
+        assert 0 <= ttft_s <= latency_s
+        inner(request, worker_id, latency_s, ttft_s, cached_tokens, now_s)
+
+    router.on_request_complete = on_complete
+    res = SimCluster(reqs, [TrieCache(c) for c in caps], cost, router, sched, "lru", seed, auditor).run()
+    rec = res.records
+    n = len(reqs)
+    # every request finishes exactly once
+    assert len(rec) == n and list(rec["id"]) == [r.id for r in reqs]
+    assert sorted(auditor.finished) == list(range(n))
+    assert sorted(calls) == sorted(r.id for r in reqs)
+    assert not rec[["first_token_s", "finish_s"]].isna().any().any()
+    # arrival <= first token <= finish; hit <= prompt
+    assert (rec["arrival_s"] <= rec["first_token_s"]).all()
+    assert (rec["first_token_s"] <= rec["finish_s"]).all()
+    assert ((rec["cached_tokens"] >= 0) & (rec["cached_tokens"] <= rec["prompt_tokens"])).all()
+    assert rec["worker"].between(0, len(caps) - 1).all()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cells())
+def test_fast_simulator_matches_the_reference_records_and_views(cell):
+    """Identical records, and identical router-visible worker state at every decision."""
+    reqs, caps, sched, cost, router_cls, seed = cell
+    fast_router, ref_router = ViewRecorder(router_cls()), ViewRecorder(router_cls())
+    rec = SimCluster(reqs, [TrieCache(c) for c in caps], cost, fast_router, sched, "lru", seed).run().records
+    ref = reference_simulate(reqs, [TrieCache(c) for c in caps], cost, ref_router, sched, seed)
+    for column, want in ref.items():
+        assert np.array_equal(rec[column].to_numpy(), np.asarray(want)), column
+    assert fast_router.seen == ref_router.seen
+
+
+@settings(max_examples=15, deadline=None)
+@given(cells())
+def test_workers_end_empty(cell):
+    reqs, caps, sched, cost, router_cls, seed = cell
+    caches = [TrieCache(c) for c in caps]
+    sim = SimCluster(reqs, caches, cost, router_cls(), sched, "lru", seed)
+    sim.run()
+    for w, cache in zip(sim.workers, caches):
+        assert cache.protected_size() == 0
+        assert w.reserved_tokens == w.n_running == w.n_admitted == w.live_generated == 0
+        assert w.context_tokens == w.active_kv_tokens == w.waiting_prefill_tokens == 0
+        assert not w.waiting and w.chunked == -1 and not w.busy
