@@ -4,31 +4,12 @@
     .venv-sglang/bin/python -m pytest -m sglang tests/sglang
 
 Outside that env SGLang cannot be imported and these tests are SKIPPED with the reason. Under
-CI=true such a skip FAILS the run (hook below): CI must prepare the env so that they run.
+CI=true such a skip FAILS the run (tests/conftest.py): CI must prepare the env so that they run.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and _ci() and item.get_closest_marker("sglang") is not None:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = (
-            f"an `sglang` test was skipped under CI=true ({reason}); CI must run it in the env made by "
-            "scripts/make_sglang_env.sh (.venv-sglang/bin/python -m pytest -m sglang tests/sglang)"
-        )
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,43 @@
+"""Hydra callbacks of the harness (registered in conf/config.yaml under hydra.callbacks)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class ValidateGridCallback(Callback):
+    """`-m`: expand and validate every cell before the launcher starts (or submits) any job.
+
+    Same expansion and checks as the in-process grid (repro.harness.sweep.plan_cells), so a
+    bad cell of a Slurm sweep fails in the submitting shell with one clear message instead
+    of in job 37 an hour later (exit status 2, nothing launched). Only for the basic sweeper
+    (the one our exp files target).
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from repro.harness.compose import hydra_compose
+        from repro.harness.sweep import plan_cells
+        from repro.harness.validate import ConfigError
+
+        sweeper = OmegaConf.select(config, "hydra.sweeper._target_") or ""
+        if not sweeper.endswith("BasicSweeper"):
+            log.info("grid validation skipped: sweeper %s is not Hydra's basic sweeper", sweeper)
+            return
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        params = OmegaConf.to_container(params) if params is not None else None
+        overrides = list(OmegaConf.select(config, "hydra.overrides.task") or [])
+        config_name = OmegaConf.select(config, "hydra.job.config_name") or "config"
+        try:
+            cells = plan_cells(params, overrides, hydra_compose(config_name))
+        except ConfigError as exc:
+            # Hydra turns callback exceptions into warnings and goes on; stop the sweep here.
+            print(f"repro.run: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        log.info("validated %d cell(s)", len(cells))

@@ -1,0 +1,79 @@
+"""Structured-config schemas (Hydra ConfigStore) for the top-level run config.
+
+conf/config.yaml starts its defaults list with `optional schema@_global_: repro`, so every
+composition that has imported this module (repro.run, the harness, tests) merges the YAML
+into these dataclasses: a misspelt key in an experiment file (`cluster.num_worker`) or a
+value of the wrong type (`cluster.num_workers=four`) fails while composing, before any cell
+runs. `optional` keeps plain compositions of conf/ (other modules' tests) working without
+the harness.
+
+Strict where the contract fixes the keys (top level, cluster, scheduler, tracking); open
+mappings where each group option has its own keys (model, hardware, workload, router,
+eviction, backend) — their values are checked by repro.harness.validate and by the
+components themselves. Value ranges (rate > 0, workers >= 1, ...) are checked in validate,
+which also re-merges the final config into this schema to catch keys added with `+`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+SCHEMA_GROUP = "schema"
+SCHEMA_NAME = "repro"
+
+
+@dataclass
+class SchedulerSchema:
+    schedule_policy: str = "lpm"  # SGLang: lpm | fcfs
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: Optional[int] = 8192  # null or -1: no chunking
+
+
+@dataclass
+class ClusterSchema:
+    num_workers: int = 4
+    mem_fraction: float = 0.9
+    kv_cache_tokens: Optional[Any] = None  # tokens per worker: one int for all, or a list (one per worker)
+    scheduler: SchedulerSchema = field(default_factory=SchedulerSchema)
+
+
+@dataclass
+class TrackingSchema:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "repro"
+    entity: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    log_requests_table: bool = True  # per-request table (one row per request)
+    progress_interval_s: float = 2.0  # wall-clock throttle for live progress points
+    init_timeout_s: float = 60.0  # online mode: give up on W&B (and keep going) after this
+
+
+@dataclass
+class ReproSchema:
+    seed: int = 0
+    exp_name: str = "adhoc"
+    results_dir: str = "results"
+    n_jobs: Optional[int] = None  # local processes for the in-process grid; null = usable CPUs
+    policy_name: Optional[str] = None
+    cluster: ClusterSchema = field(default_factory=ClusterSchema)
+    model: Dict[str, Any] = field(default_factory=dict)
+    hardware: Dict[str, Any] = field(default_factory=dict)
+    workload: Dict[str, Any] = field(default_factory=dict)
+    router: Dict[str, Any] = field(default_factory=dict)
+    eviction: Dict[str, Any] = field(default_factory=dict)
+    backend: Dict[str, Any] = field(default_factory=dict)
+    tracking: TrackingSchema = field(default_factory=TrackingSchema)
+    theory: Optional[Dict[str, Any]] = None  # backend=theory: the cell's parameters
+    local: Dict[str, Any] = field(default_factory=dict)  # per-site values (conf/local/), referenced by interpolation
+
+
+def register_schemas() -> None:
+    """Idempotent: store the schema as option `repro` of group `schema`."""
+    ConfigStore.instance().store(group=SCHEMA_GROUP, name=SCHEMA_NAME, node=ReproSchema)
+
+
+register_schemas()

@@ -1,0 +1,327 @@
+"""Check every cell of a sweep before any of them runs.
+
+Three layers, cheapest first, all on the resolved config of each cell:
+1. schema: the config re-merged into repro.harness.schema.ReproSchema (catches keys added
+   with `+` and wrong types that slipped past composition);
+2. values: ranges and choices the contract fixes (workers >= 1, rate > 0, 0 < mem_fraction
+   <= 1, known backend, scheduler policy, ...);
+3. deep (`deep=True`): build what the cell would build, minus the run — the router
+   (`hydra.utils.instantiate(cfg.router)`), the eviction policy (repro.kvcache.make_cache),
+   the step-cost model, the per-worker KV capacity, and the workload
+   (`build_workload(cfg.workload, cfg.seed)`, whose `max_request_tokens` must fit one
+   worker's cache: "cache smaller than one request"). Each distinct sub-config is built once.
+   A component whose package has not landed yet (ImportError of the package's entry point)
+   is skipped; a `_target_` that cannot be imported is an error.
+
+All problems of all cells are gathered into one ConfigError, grouped by message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from repro.backends import UnknownBackendError, backend_module_path
+
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+ORDERS = ("random", "round_robin")
+TRACKING_MODES = ("offline", "online", "disabled")
+EVICTION_GRANULARITIES = ("node", "token")
+NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/workload/router
+
+
+class ConfigError(ValueError):
+    """One clear message for everything wrong with a sweep; raised before any cell runs."""
+
+
+def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def schema_errors(cfg: Mapping) -> list[str]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from repro.harness.schema import ReproSchema
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(ReproSchema), cfg)
+    except OmegaConfBaseException as exc:
+        msg = str(exc).splitlines()[0]
+        key = getattr(exc, "full_key", None)
+        return [f"{key}: {msg}" if key and key not in msg else msg]
+    return []
+
+
+def value_errors(cfg: Mapping) -> list[str]:
+    """Range and choice checks of the contract's keys (cheap, no imports of components)."""
+    errs: list[str] = []
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            errs.append(msg)
+
+    seed = cfg.get("seed")
+    need(_is_int(seed) and seed >= 0, f"seed must be an integer >= 0 (got {seed!r})")
+    n_jobs = cfg.get("n_jobs")
+    need(n_jobs is None or (_is_int(n_jobs) and n_jobs >= 1), f"n_jobs must be null or >= 1 (got {n_jobs!r})")
+    exp_name = cfg.get("exp_name")
+    need(
+        isinstance(exp_name, str) and exp_name and "/" not in exp_name and not exp_name.startswith("."),
+        f"exp_name must be a plain folder name (got {exp_name!r})",
+    )
+    mode = _get(cfg, "tracking.mode")
+    need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
+
+    backend = _get(cfg, "backend.name")
+    try:
+        backend_module_path(str(backend)) if backend is not None else None
+        need(backend is not None, "backend.name is missing (choose backend=sim|sglang|theory)")
+    except UnknownBackendError as exc:
+        errs.append(str(exc))
+    if backend in NON_SERVING_BACKENDS:
+        return errs
+
+    workers = _get(cfg, "cluster.num_workers")
+    need(_is_int(workers) and workers >= 1, f"cluster.num_workers must be an integer >= 1 (got {workers!r})")
+    frac = _get(cfg, "cluster.mem_fraction")
+    need(_is_num(frac) and 0 < frac <= 1, f"cluster.mem_fraction must be in (0, 1] (got {frac!r})")
+    kv = _get(cfg, "cluster.kv_cache_tokens")
+    if isinstance(kv, list):
+        need(
+            all(_is_int(v) and v >= 1 for v in kv) and (not _is_int(workers) or len(kv) == workers),
+            f"cluster.kv_cache_tokens as a list needs one integer >= 1 per worker ({workers}) (got {kv!r})",
+        )
+    else:
+        need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
+    sp = _get(cfg, "cluster.scheduler.schedule_policy")
+    need(
+        sp in SCHEDULE_POLICIES,
+        f"cluster.scheduler.schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)} (got {sp!r})",
+    )
+    for key in ("max_running_requests", "max_prefill_tokens"):
+        v = _get(cfg, f"cluster.scheduler.{key}")
+        need(_is_int(v) and v >= 1, f"cluster.scheduler.{key} must be an integer >= 1 (got {v!r})")
+    chunk = _get(cfg, "cluster.scheduler.chunked_prefill_size")
+    need(
+        chunk is None or chunk == -1 or (_is_int(chunk) and chunk >= 1),
+        f"cluster.scheduler.chunked_prefill_size must be >= 1, or -1/null for no chunking (got {chunk!r})",
+    )
+
+    wl = cfg.get("workload")
+    if not isinstance(wl, Mapping) or not wl:
+        errs.append("workload is missing (choose workload=gsp|sharegpt|ultrachat|loogle)")
+    else:
+        rate = wl.get("request_rate")
+        if rate is not None:
+            need(_is_num(rate) and rate > 0, f"workload.request_rate must be > 0 req/s (got {rate!r})")
+        nq = wl.get("num_queries")
+        if nq is not None:
+            need(_is_int(nq) and nq >= 1, f"workload.num_queries must be an integer >= 1 (got {nq!r})")
+        out = wl.get("output_len")
+        if out is not None:
+            need(_is_int(out) and out >= 1, f"workload.output_len must be an integer >= 1 (got {out!r})")
+        order = wl.get("order")
+        if order is not None:
+            need(order in ORDERS, f"workload.order must be one of {', '.join(ORDERS)} (got {order!r})")
+
+    router = cfg.get("router")
+    need(
+        isinstance(router, Mapping) and bool(router.get("_target_")),
+        "router is missing or has no _target_ (choose policy=<name>, see conf/policy/)",
+    )
+    ev = cfg.get("eviction")
+    if not isinstance(ev, Mapping) or not ev.get("name"):
+        errs.append("eviction is missing or has no name (choose policy=<name>, see conf/policy/)")
+    else:
+        gran = ev.get("granularity")
+        if gran is not None:
+            need(
+                gran in EVICTION_GRANULARITIES,
+                f"eviction.granularity must be one of {', '.join(EVICTION_GRANULARITIES)} (got {gran!r})",
+            )
+    return errs
+
+
+class _Memo:
+    """Build each distinct sub-config once across the cells of a sweep."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], Any] = {}
+
+    def get(self, kind: str, key_obj: Any, build: Callable[[], Any]) -> Any:
+        key = (kind, json.dumps(key_obj, sort_keys=True, default=str))
+        if key not in self._seen:
+            try:
+                self._seen[key] = ("ok", build())
+            except _Skip:
+                self._seen[key] = ("skip", None)
+            except Exception as exc:  # reported as the cell's error
+                self._seen[key] = ("error", f"{type(exc).__name__}: {exc}")
+        return self._seen[key]
+
+
+class _Skip(Exception):
+    """The component's package has not landed yet: nothing to check against."""
+
+
+def _import(module: str, name: str) -> Any:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise _Skip() from exc
+    obj = getattr(mod, name, None)
+    if obj is None:
+        raise _Skip()
+    return obj
+
+
+def workload_seed(seed: int) -> int:
+    """The seed the backends build the workload with (repro.sim.SeedPlan), so that validation checks
+    the very requests a cell will serve and leaves them in the workload disk cache for it."""
+    try:
+        from repro.sim.cluster import SeedPlan
+    except ImportError:
+        return seed
+    return int(SeedPlan.spawn(seed, 1).workload)
+
+
+def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
+    """Build the cell's components without running it (see the module docstring)."""
+    from omegaconf import OmegaConf
+
+    memo = memo or _Memo()
+    errs: list[str] = []
+    backend = _get(cfg, "backend.name")
+
+    try:
+        from repro.backends import get_backend
+
+        be = get_backend(str(backend))
+    except Exception as exc:
+        return [str(exc)]
+    if be.validate_cell is not None:
+        status, value = memo.get("backend", [backend, cfg], lambda: list(be.validate_cell(cfg)))
+        if status == "error":
+            errs.append(f"backend {backend}: validate_cell failed: {value}")
+        elif status == "ok":
+            errs.extend(value)
+    if backend in NON_SERVING_BACKENDS:
+        return errs
+
+    seed = cfg["seed"]
+
+    def build_router() -> Any:
+        from hydra.utils import instantiate
+
+        return instantiate(OmegaConf.create(dict(cfg["router"])))
+
+    status, value = memo.get("router", cfg["router"], build_router)
+    if status == "error":
+        errs.append(f"router ({cfg['router'].get('_target_')}): cannot be built: {value}")
+
+    model, hardware = cfg.get("model") or {}, cfg.get("hardware") or {}
+
+    def build_cost_model() -> Any:
+        cls = _import("repro.costmodel", "StepCostModel")
+        return cls.from_config(OmegaConf.create(dict(model)), OmegaConf.create(dict(hardware)))
+
+    status, value = memo.get("costmodel", [model, hardware], build_cost_model)
+    if status == "error":
+        errs.append(f"model/hardware: cannot build the step-cost model: {value}")
+
+    kv = _get(cfg, "cluster.kv_cache_tokens")
+    frac = _get(cfg, "cluster.mem_fraction")
+
+    def capacity() -> int:  # the smallest worker's cache: every request must fit each worker
+        if isinstance(kv, list):
+            return min(int(v) for v in kv)
+        if kv is not None:
+            return int(kv)
+        fn = _import("repro.costmodel", "kv_capacity_tokens")
+        return int(fn(OmegaConf.create(dict(model)), OmegaConf.create(dict(hardware)), frac))
+
+    cap_status, cap = memo.get("capacity", [model, hardware, frac, kv], capacity)
+    if cap_status == "error":
+        errs.append(f"KV capacity (model {model.get('name')}, {hardware.get('name')}, mem_fraction {frac}): {cap}")
+        cap = None
+    elif cap_status == "skip":
+        cap = None
+
+    def build_eviction() -> Any:
+        make_cache = _import("repro.kvcache", "make_cache")
+        return make_cache(max(int(cap or 0), 1024), OmegaConf.create(dict(cfg["eviction"])), seed)
+
+    status, value = memo.get("eviction", cfg["eviction"], build_eviction)
+    if status == "error":
+        errs.append(f"eviction {dict(cfg['eviction'])}: {value}")
+
+    wl_seed = workload_seed(seed)
+
+    def max_request_tokens() -> int:
+        build_workload = _import("repro.workloads", "build_workload")
+        return int(build_workload(OmegaConf.create(dict(cfg["workload"])), wl_seed).max_request_tokens)
+
+    status, longest = memo.get("workload", [cfg["workload"], wl_seed], max_request_tokens)
+    if status == "error":
+        errs.append(f"workload {cfg['workload'].get('name')}: {longest}")
+    elif status == "ok" and cap is not None and longest > cap:
+        errs.append(
+            f"cache smaller than one request: a worker holds {cap} KV tokens but the longest request of "
+            f"workload {cfg['workload'].get('name')} needs {longest} (prompt + output); raise "
+            f"cluster.kv_cache_tokens / cluster.mem_fraction or shorten the workload"
+        )
+    return errs
+
+
+def cell_errors(cfg: Mapping, *, deep: bool = True, memo: _Memo | None = None) -> list[str]:
+    errs = schema_errors(cfg) + value_errors(cfg)
+    if not errs and deep:
+        errs = deep_errors(cfg, memo)
+    return errs
+
+
+def format_errors(problems: Mapping[str, Sequence[str]], n_cells: int, n_bad: int, limit: int = 20) -> str:
+    """`problems`: message -> labels of the cells it affects."""
+    lines = [f"invalid configuration: {n_bad} of {n_cells} cell(s); nothing was run."]
+    for i, (msg, labels) in enumerate(problems.items()):
+        if i == limit:
+            lines.append(f"  ... and {len(problems) - limit} more problem(s)")
+            break
+        lines.append("  - " + msg.strip().replace("\n", "\n    "))
+        shown = ", ".join(labels[:3])
+        more = f" and {len(labels) - 3} more" if len(labels) > 3 else ""
+        lines.append(f"      in cell {shown}{more}")
+    return "\n".join(lines)
+
+
+def validate_configs(labelled: Iterable[tuple[str, Mapping]], *, deep: bool = True) -> None:
+    """Check (label, resolved config) pairs; raise one ConfigError listing every problem."""
+    memo = _Memo()
+    problems: dict[str, list[str]] = {}
+    n = bad = 0
+    for label, cfg in labelled:
+        n += 1
+        errs = cell_errors(cfg, deep=deep, memo=memo)
+        if errs:
+            bad += 1
+        for msg in dict.fromkeys(errs):
+            problems.setdefault(msg, []).append(label)
+    if problems:
+        raise ConfigError(format_errors(problems, n, bad))

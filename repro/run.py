@@ -1,0 +1,106 @@
+"""`python -m repro.run +exp=NAME [overrides] [-m] [--dry-run]` — the Hydra entry point (thin).
+
+Without -m: the experiment's grid (hydra.sweeper.params + sweep overrides on the command
+line) is expanded, every cell composed and validated, then run on local cores (`n_jobs`)
+with a progress bar, and a summary table is printed. With -m: Hydra's launcher (basic,
+joblib, submitit/Slurm) runs one cell per job; the grid is validated first by
+repro.harness.callbacks.ValidateGridCallback. Both write the same results/<exp>/<sig>/.
+
+Exit status: 0 all cells finished (ran or skipped), 1 some cell failed, 2 invalid configuration
+(nothing ran). Hydra's own flags work as usual (`--cfg job`, `--info`, `--help`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
+from repro.harness.argv import PreparedArgv, prepare_argv
+
+log = logging.getLogger("repro.run")
+_state: dict = {"prepared": PreparedArgv(argv=[]), "exit_code": 0}
+
+
+class CellFailed(RuntimeError):
+    """Raised in a -m job whose cell failed, so that Hydra's launcher reports it."""
+
+
+def _run_one_cell(cfg: DictConfig) -> dict | None:
+    from repro.harness.cell import CellSpec, run_cell_spec
+    from repro.harness.compose import cell_signature, resolve
+    from repro.harness.sweep import absolute_results_dir
+    from repro.harness.validate import ConfigError, cell_errors
+
+    hc = HydraConfig.get()
+    config = resolve(cfg)
+    errs = cell_errors(config, deep=False)  # deep checks ran for the whole grid at multirun start
+    if errs:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errs))
+    label = " ".join(o for o in hc.overrides.task if not o.startswith("exp="))
+    spec = CellSpec(
+        index=int(hc.job.num) if hc.job.get("num") is not None else 0,
+        label=label or "(defaults)",
+        config=config,
+        signature=cell_signature(config),
+        results_dir=absolute_results_dir(str(config["results_dir"])),
+        exp_name=str(config["exp_name"]),
+    )
+    out = run_cell_spec(spec)
+    log.info("cell %s %s: %s", spec.signature, out.status, out.dir)
+    if out.status == "failed":
+        raise CellFailed(f"cell {spec.signature} [{spec.label}] failed: {out.error} (see {out.dir}/error.txt)")
+    return out.summary
+
+
+def _run_grid(cfg: DictConfig) -> int:
+    from repro.harness.compose import hydra_compose
+    from repro.harness.sweep import run_sweep
+    from repro.harness.validate import ConfigError
+
+    hc = HydraConfig.get()
+    params = OmegaConf.to_container(hc.sweeper.params) if hc.sweeper.get("params") is not None else None
+    prepared: PreparedArgv = _state["prepared"]
+    try:
+        return run_sweep(
+            params,
+            prepared.overrides,
+            hydra_compose(hc.job.config_name),
+            dry_run=prepared.dry_run,
+        )
+    except ConfigError as exc:
+        print(f"repro.run: {exc}", file=sys.stderr)
+        return 2
+
+
+# Absolute, so that the app finds conf/ both as `python -m repro.run` and when main() is imported.
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def _app(cfg: DictConfig) -> dict | None:
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return _run_one_cell(cfg)
+    _state["exit_code"] = _run_grid(cfg)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    prepared = prepare_argv(list(sys.argv[1:] if argv is None else argv))
+    if prepared.dry_run and prepared.multirun:
+        print("repro.run: --dry-run lists the in-process grid; drop -m", file=sys.stderr)
+        return 2
+    _state["prepared"], _state["exit_code"] = prepared, 0
+    sys.argv = [sys.argv[0], *prepared.argv]
+    _app()
+    return int(_state["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
