@@ -186,17 +186,32 @@ def _sim_hit_rates_with_jitter(cfg, runs: int = 5, jitter_s: float = 0.02) -> li
 @pytest.mark.parametrize("policy", ["cache_aware_lru", "lbgr_rlt"])
 @pytest.mark.parametrize("kv_cache_tokens", [None, 40000])
 def test_emulated_hit_rate_full_fig2_gsp_cell(policy, kv_cache_tokens, tmp_path):
-    """The whole 1024-query cell, with the fig2 config's capacity and with a tight one. LBGR's
-    routing reacts to measured latencies, so with a tight cache its hit rate moves with timing: the
-    simulator itself moves by several points when arrivals are jittered by ~20 ms. The live hit
-    rate must lie within 2 points of the range the simulator covers (exact run + jittered runs)."""
+    """The whole 1024-query cell, with the fig2 config's capacity and with a tight one.
+
+    CacheAware+LRU: one live run within 2 points of the simulator. LBGR+RLT: its routing reacts
+    to measured latencies, so its hit rate moves with timing — with the tight cache by several
+    points from run to run, in the simulator too when arrivals are jittered by ~20 ms (measured:
+    simulator 0.808 exact, 0.826-0.847 jittered; live 0.813-0.857 over 5 runs). So there the MEAN
+    of 3 live runs must be within 2 points of the mean of the simulator's jittered runs."""
+    import repro.backends.sim as sim_backend
+    from repro.metrics.summary import summarize
+
     if not (CONF / "exp/fig2_main.yaml").is_file():
         pytest.skip("conf/exp/fig2_main.yaml has not landed on this branch yet")
     over = [o for o in FIG2_GSP if not o.startswith("workload.num_queries")] + [f"policy={policy}"]
     if kv_cache_tokens is not None:
         over.append(f"cluster.kv_cache_tokens={kv_cache_tokens}")
-    live, sim = _hit_rates(over, tmp_path)
-    assert live["num_failed"] == 0
-    sims = [sim["hit_rate"]] + _sim_hit_rates_with_jitter(_compose(over))
-    lo, hi = min(sims), max(sims)
-    assert lo - 0.02 <= live["hit_rate"] <= hi + 0.02, (live["hit_rate"], sims)
+    if policy == "cache_aware_lru":
+        live, sim = _hit_rates(over, tmp_path)
+        assert live["num_failed"] == 0
+        assert abs(live["hit_rate"] - sim["hit_rate"]) <= 0.02, (live["hit_rate"], sim["hit_rate"])
+        return
+    lives = []
+    for k in range(3):
+        res = summarize(backend.run_cell(_compose(over + [f"results_dir={tmp_path / str(k)}"])).records)
+        assert res["num_failed"] == 0
+        lives.append(res["hit_rate"])
+    cfg = _compose(over)
+    sims = [summarize(sim_backend.run_cell(cfg).records)["hit_rate"]] + _sim_hit_rates_with_jitter(cfg, runs=7)
+    live_mean, sim_mean = sum(lives) / len(lives), sum(sims) / len(sims)
+    assert abs(live_mean - sim_mean) <= 0.02, (lives, sims)
