@@ -459,10 +459,14 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+# Local probes never go through an http_proxy of the environment (Slurm nodes often set one).
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def probe(url: str, timeout_s: float = HEALTH_PROBE_TIMEOUT_S) -> str | None:
     """None if GET url answers 200, else why not."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with _OPENER.open(url, timeout=timeout_s) as resp:
             return None if resp.status == 200 else f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
@@ -525,7 +529,7 @@ def _sigterm_raises():
 
 def _get_json(url: str, timeout_s: float = 10.0) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with _OPENER.open(url, timeout=timeout_s) as resp:
             return json.loads(resp.read())
     except Exception as exc:  # best effort: statistics only
         return {"error": f"{type(exc).__name__}: {exc}"}
