@@ -20,6 +20,8 @@ Emulated workers vs the simulator (the check CI runs, and the slow full-cell var
 
     pytest tests/live/test_live_backend.py -k fig2            # 512 queries, CacheAware+LRU, ~15 s
     pytest -m slow tests/live/test_live_backend.py -k full    # 1024 queries, 2 policies x 2 capacities
+    python -m repro.backends.sglang.backend --runs 3 exp=fig2_main workload=gsp policy=lbgr_rlt \
+        backend.time_scale=5 cluster.kv_cache_tokens=40000    # prints live runs and the simulator
 
 Hit rates agree within 2 points (CacheAware+LRU: identical); latencies do not — each request
 crosses three HTTP hops whose wall time (~5 ms per router hop on a loaded 2-core machine,
@@ -257,4 +259,36 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     return CellResult(records=result.records, provenance=provenance, timings=timings)
 
 
-__all__ = ["run_cell", "validate_cell", "identity", "cell_log_dir"]
+def compare_main(argv: list[str] | None = None) -> int:
+    """`python -m repro.backends.sglang.backend [--runs N] OVERRIDES...`: one cell on emulated
+    workers (N runs) and on the simulator, side by side (hit rate, latency and TTFT p50)."""
+    import argparse
+    import sys
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+
+    import repro.backends.sim as sim_backend
+    from repro.metrics.summary import summarize
+
+    ap = argparse.ArgumentParser(description=compare_main.__doc__)
+    ap.add_argument("--runs", type=int, default=1, help="live runs (LBGR's hit rate moves from run to run)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. exp=fig2_main workload=gsp policy=lbgr_rlt")
+    args = ap.parse_args(argv)
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    base = ["backend=sglang", "backend.emulate=true"]
+    keys = ("hit_rate", "latency_p50_s", "ttft_p50_s", "num_failed")
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        for k in range(args.runs):
+            cfg = compose("config", overrides=base + args.overrides + [f"results_dir={tempfile.mkdtemp()}"])
+            s = summarize(run_cell(cfg).records)
+            print(f"live run {k}: " + "  ".join(f"{key} {s[key]:.4g}" for key in keys), flush=True)
+        s = summarize(sim_backend.run_cell(cfg).records)
+        print("simulator:  " + "  ".join(f"{key} {s[key]:.4g}" for key in keys), file=sys.stdout, flush=True)
+    return 0
+
+
+__all__ = ["run_cell", "validate_cell", "identity", "cell_log_dir", "compare_main"]
+
+if __name__ == "__main__":
+    raise SystemExit(compare_main())
