@@ -20,7 +20,7 @@ sglang-env:  ## build the CPU SGLang environment (.venv-sglang) used by parity t
 	bash scripts/make_sglang_env.sh
 
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
-	.venv-sglang/bin/python -m pytest -m sglang tests/sglang
+	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
 
 test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CONF exported)
 	$(PYTHON) -m pytest -m slurm
