@@ -26,7 +26,7 @@ test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CON
 	$(PYTHON) -m pytest -m slurm
 
 bench:  ## speed benchmarks, ratios measured side by side in one run
-	$(PYTHON) tests/benchmarks/run_all.py
+	$(PYTHON) tests/benchmarks/run_all.py $(BENCH_ARGS)
 
 figures:  ## run every experiment whose results are missing, then render every table and plot
 	$(PYTHON) -m repro.figures --run-missing
