@@ -1,5 +1,5 @@
 # Every target runs from the repository root. PYTHON can point at a venv's interpreter.
-PYTHON ?= python
+PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu"
 
 .PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env clean
@@ -20,13 +20,13 @@ sglang-env:  ## build the CPU SGLang environment (.venv-sglang) used by parity t
 	bash scripts/make_sglang_env.sh
 
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
-	.venv-sglang/bin/python -m pytest -m sglang tests/sglang
+	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
 
 test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CONF exported)
 	$(PYTHON) -m pytest -m slurm
 
 bench:  ## speed benchmarks, ratios measured side by side in one run
-	$(PYTHON) tests/benchmarks/run_all.py
+	$(PYTHON) tests/benchmarks/run_all.py $(BENCH_ARGS)
 
 figures:  ## run every experiment whose results are missing, then render every table and plot
 	$(PYTHON) -m repro.figures --run-missing

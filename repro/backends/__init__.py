@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 BACKENDS: dict[str, str] = {
     "sim": "repro.backends.sim",
-    "sglang": "repro.backends.sglang",
+    "sglang": "repro.backends.sglang.backend",
     "theory": "repro.backends.theory",
 }
 

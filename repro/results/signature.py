@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 # Top-level config keys that do not affect results.
 NON_RESULT_KEYS: frozenset[str] = frozenset(
-    {"tracking", "hydra", "paths", "launcher", "n_jobs", "results_dir", "exp_name", "local", "run"}
+    {"tracking", "hydra", "paths", "launcher", "n_jobs", "results_dir", "exp_name", "local", "run",
+     "limited_kv_cache_tokens"}  # an input table: the resolved cluster.kv_cache_tokens is hashed
 )
 
 

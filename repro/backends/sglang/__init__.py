@@ -7,6 +7,12 @@ Modules here:
 * `server`     -- `python -m repro.backends.sglang.server --radix-eviction-policy rlt <sglang args>`
   (GPU nodes; `--check-spawn` is a CPU-runnable pre-flight check).
 * `cpu_shims`  -- test/benchmark-only import shims for SGLang's radix cache on a CPU machine.
+* `backend`    -- the harness entry point for `backend=sglang` (run_cell, validate_cell, identity).
+* `orchestrate` -- one cell on a node: M servers (or emulated workers), router, client, teardown.
+* `router_service` -- aiohttp proxy routing SGLang `/generate` with the repro.routing classes.
+* `client`     -- open-loop streaming benchmark client writing the simulator's per-request records.
+* `emulated_worker` -- GPU-less SGLang stand-in: the simulator's worker behind the same protocol.
+* `protocol`   -- SGLang 0.5.23's `/generate` wire format as these modules speak it.
 
 CPU checks against SGLang's real RadixCache (from the repo root; times measured on this 2-core
 machine shared with other jobs, load average ~5-6):

@@ -1,0 +1,294 @@
+"""The `sglang` backend for the harness: one grid cell on live (or emulated) SGLang workers.
+
+    run_cell(cfg, progress=None) -> CellResult      # repro.backends registry entry point
+    validate_cell(cfg) -> list[str]                 # checked for every cell before any runs
+    identity(cfg) -> dict                           # the result-affecting config (run signature)
+
+A cell builds exactly what the simulator builds from the same config — the workload from the
+same seed (repro.sim.SeedPlan: workload, router and per-worker eviction seeds), the per-worker
+KV capacity (repro.backends.sim.kv_capacities), the router from cfg.router — and then, instead of
+simulating, runs it on a node (repro.backends.sglang.orchestrate): M SGLang servers or emulated
+workers, the router service (or the real sglang-router) and the streaming client, whose
+per-request records have the simulator's columns. So the same experiment on `backend=sglang`
+and `backend=sim` differs only in who serves the requests.
+
+Records are in seconds since the replay started (emulated seconds x time_scale when
+emulating). Failed requests are rows with failed=True (num_failed in the summary). Wall-clock
+numbers (routing time per decision, send lag, start-up times) go to timings.json.
+
+Emulated workers vs the simulator (the check CI runs, and the slow full-cell variants):
+
+    pytest tests/live/test_live_backend.py -k fig2            # 512 queries, CacheAware+LRU, ~15 s
+    pytest -m slow tests/live/test_live_backend.py -k full    # 1024 queries, 2 policies x 2 capacities
+    python -m repro.backends.sglang.backend --runs 3 exp=fig2_main workload=gsp policy=lbgr_rlt \
+        backend.time_scale=5 cluster.kv_cache_tokens=40000    # prints live runs and the simulator
+
+Hit rates agree within 2 points (CacheAware+LRU: identical); latencies do not — each request
+crosses three HTTP hops whose wall time (~5 ms per router hop on a loaded 2-core machine,
+tests/benchmarks/bench_live.py) counts time_scale times on the emulated clock. Emulated
+latencies test the machinery; they are not results.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+BACKEND_KEYS = frozenset({
+    "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
+    "timeouts", "router_service", "sglang_router", "client", "emulator",
+})
+SECTION_KEYS = {
+    "server": {"model_path", "load_format", "dtype", "random_seed", "extra_args", "env"},
+    "timeouts": {"server_start_s", "router_start_s", "request_s", "connect_s", "cell_s", "shutdown_grace_s"},
+    "router_service": {"max_retries", "health_check_interval_s", "health_check_timeout_s",
+                       "health_failure_threshold", "startup_health_timeout_s", "load_poll_interval_s",
+                       "view_tracker"},
+    "sglang_router": {"extra_args"},
+    "client": {"send_reference_output", "send_text"},
+    "emulator": {"startup_delay_s", "fault", "faults"},
+}
+# Keys that only say where / how things run, never what a cell measures: out of the signature.
+NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python")
+SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
+
+
+def _plain(node: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(node):
+            return OmegaConf.to_container(node, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return node
+
+
+def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _is_pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def validate_cell(cfg: Mapping) -> list[str]:
+    """Backend-specific configuration errors (no imports of sglang: checked on login nodes too)."""
+    cfg = _plain(cfg)
+    errs: list[str] = []
+    b = cfg.get("backend") or {}
+    unknown = sorted(set(b) - BACKEND_KEYS)
+    if unknown:
+        errs.append(f"backend: unknown keys {unknown} (known: {sorted(BACKEND_KEYS)})")
+    for section, keys in SECTION_KEYS.items():
+        sec = b.get(section)
+        if sec is None:
+            continue
+        if not isinstance(sec, Mapping):
+            errs.append(f"backend.{section} must be a mapping")
+            continue
+        bad = sorted(set(sec) - keys)
+        if bad:
+            errs.append(f"backend.{section}: unknown keys {bad} (known: {sorted(keys)})")
+    emulate = b.get("emulate", False)
+    if not isinstance(emulate, bool):
+        errs.append(f"backend.emulate must be true or false, got {emulate!r}")
+        emulate = False
+    ts = b.get("time_scale", 1.0)
+    if not _is_pos(ts):
+        errs.append(f"backend.time_scale must be a number > 0, got {ts!r}")
+    elif not emulate and ts != 1.0:
+        errs.append(f"backend.time_scale={ts} applies to emulated workers only (real SGLang servers run in "
+                    f"real time): set backend.emulate=true or time_scale=1.0")
+    impl = b.get("router_impl", "ours")
+    router_name = _get(cfg, "router.name")
+    if impl not in ("ours", "sglang_router"):
+        errs.append(f"backend.router_impl must be 'ours' or 'sglang_router', got {impl!r}")
+    elif impl == "sglang_router" and router_name not in ("cache_aware", "random", "round_robin"):
+        errs.append(f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
+                    f"{router_name!r}: use router_impl=ours")
+    if _get(cfg, "router.tracker") == "exact":
+        errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
+                    "the live backend needs tracker=approximate")
+    ev_name = _get(cfg, "eviction.name")
+    ev_gran = _get(cfg, "eviction.granularity", "node")
+    if ev_name == "opt":
+        errs.append("eviction.name=opt needs the whole future trace: simulator/theory only")
+    elif not emulate and ev_name not in SGLANG_EVICTIONS:
+        errs.append(f"eviction.name={ev_name!r}: the SGLang server offers {SGLANG_EVICTIONS}")
+    if not emulate and ev_gran != "node":
+        errs.append(f"eviction.granularity={ev_gran!r}: SGLang evicts whole radix-tree nodes (granularity=node)")
+    for key in SECTION_KEYS["timeouts"]:
+        v = _get(b, f"timeouts.{key}")
+        if v is not None and not _is_pos(v):
+            errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
+    gpus = b.get("gpus")
+    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, (int, str)) for g in gpus)):
+        errs.append(f"backend.gpus must be null or a list of GPU ids, got {gpus!r}")
+    elif gpus is not None and not emulate:
+        tp = int(_get(cfg, "model.tensor_parallel", 1) or 1)
+        need = int(_get(cfg, "cluster.num_workers", 1) or 1) * tp
+        if len(gpus) < need:
+            errs.append(f"backend.gpus lists {len(gpus)} GPUs; the cell needs num_workers x tensor_parallel = {need}")
+    send_ref = _get(b, "client.send_reference_output", "auto")
+    if send_ref not in ("auto", True, False):
+        errs.append(f"backend.client.send_reference_output must be auto, true or false, got {send_ref!r}")
+    rs = b.get("router_service") or {}
+    if isinstance(rs, Mapping):
+        mr = rs.get("max_retries", 2)
+        if isinstance(mr, bool) or not isinstance(mr, int) or mr < 0:
+            errs.append(f"backend.router_service.max_retries must be an integer >= 0, got {mr!r}")
+    emu = b.get("emulator") or {}
+    if isinstance(emu, Mapping) and emulate:
+        from repro.backends.sglang.emulated_worker import FAULTS
+
+        faults = [emu.get("fault")] + list((emu.get("faults") or {}).values())
+        for f in faults:
+            if f is None or f in FAULTS or (isinstance(f, Mapping) and set(f) == {"exit_after_requests"}):
+                continue
+            errs.append(f"backend.emulator fault {f!r}: use null, one of {FAULTS} or {{exit_after_requests: N}}")
+    return errs
+
+
+def identity(cfg: Mapping) -> dict:
+    """The whole config minus the backend keys that only place the run (host, GPUs, logs, python)."""
+    cfg = dict(_plain(cfg))
+    b = dict(cfg.get("backend") or {})
+    for k in NON_RESULT_BACKEND_KEYS:
+        b.pop(k, None)
+    cfg["backend"] = b
+    return cfg
+
+
+def cell_log_dir(cfg: Mapping) -> Path:
+    """backend.log_dir, else <results_dir>/<exp_name>/<signature>/logs (the harness's cell folder)."""
+    from repro.results import run_signature
+
+    explicit = _get(cfg, "backend.log_dir")
+    if explicit:
+        return Path(str(explicit))
+    root = cfg.get("results_dir") or "results"
+    exp = cfg.get("exp_name") or "adhoc"
+    return Path(str(root)) / str(exp) / run_signature(identity(cfg)) / "logs"
+
+
+def _versions(emulate: bool) -> dict:
+    from importlib import metadata
+
+    import numpy as np
+
+    import repro
+
+    out = {"repro": repro.__version__, "python": platform.python_version(), "numpy": np.__version__}
+    for pkg in ("aiohttp",) + (() if emulate else ("sglang", "sglang-router")):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "absent from the harness interpreter"
+    return out
+
+
+def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
+    """Run one grid cell on this node; CellResult with the simulator's record columns."""
+    from repro.backends.base import CellResult
+    from repro.backends.sglang import orchestrate
+    from repro.backends.sim import kv_capacities
+    from repro.sim.cluster import SeedPlan, validate_requests
+    from repro.workloads import build_workload
+
+    from omegaconf import OmegaConf
+
+    errs = validate_cell(cfg)
+    if errs:
+        raise ValueError("backend=sglang: " + "; ".join(errs))
+    dcfg = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
+    plain = _plain(dcfg)
+    m = plain["cluster"]["num_workers"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"cluster.num_workers must be a positive integer, got {m!r}")
+    seeds = SeedPlan.spawn(plain["seed"], m)
+    capacities = kv_capacities(dcfg, m)
+    workload = build_workload(dcfg.workload, seeds.workload)
+    validate_requests(workload.requests, capacities)  # bad input fails before any process starts
+
+    log_dir = cell_log_dir(plain)
+    plan = orchestrate.plan_cell(plain, capacities, seeds, log_dir)
+    result = orchestrate.run_plan(plan, workload.requests, progress)
+
+    b = plain["backend"]
+    rs = result.router_stats or {}
+    report = result.client_report
+    provenance = {
+        "backend": "sglang",
+        "ran_on": "emulated SGLang workers (no GPU)" if plan.emulate else "SGLang servers on GPUs",
+        "emulate": plan.emulate,
+        "time_scale": plan.time_scale,
+        "router_impl": plan.router_impl,
+        "model": plain["model"].get("name"),
+        "gpu": plain["hardware"].get("name"),
+        "workload": _plain(getattr(workload, "provenance", {})),
+        "seed": seeds.seed,
+        "seeds": {"workload": seeds.workload, "router": seeds.router, "workers": list(seeds.workers)},
+        "num_workers": m,
+        "kv_capacity_tokens": list(capacities),
+        "scheduler": dict(plain["cluster"].get("scheduler") or {}),
+        "router": plain.get("router"),
+        "eviction": plain.get("eviction"),
+        "client": {k: report[k] for k in ("num_failed", "failures", "failure_examples")},
+        "router_service": {k: rs.get(k) for k in ("completed", "failed", "retried", "failures", "callbacks",
+                                                  "callbacks_skipped", "callback_errors", "capacity_notes")}
+        if result.router_stats else None,
+        "server": None if plan.emulate else {k: v for k, v in (b.get("server") or {}).items() if k != "env"},
+        "versions": _versions(plan.emulate),
+    }
+    timings = {
+        "routing": rs.get("routing"),
+        "completion_callback": rs.get("completion_callback"),
+        "client": {"wall_s": report.get("wall_s"), "send_lag_s": report.get("send_lag_s")},
+        "startup_s": result.startup_s,
+        "log_dir": str(log_dir),
+    }
+    return CellResult(records=result.records, provenance=provenance, timings=timings)
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    """`python -m repro.backends.sglang.backend [--runs N] OVERRIDES...`: one cell on emulated
+    workers (N runs) and on the simulator, side by side (hit rate, latency and TTFT p50)."""
+    import argparse
+    import sys
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+
+    import repro.backends.sim as sim_backend
+    from repro.metrics.summary import summarize
+
+    ap = argparse.ArgumentParser(description=compare_main.__doc__)
+    ap.add_argument("--runs", type=int, default=1, help="live runs (LBGR's hit rate moves from run to run)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. exp=fig2_main workload=gsp policy=lbgr_rlt")
+    args = ap.parse_args(argv)
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    base = ["backend=sglang", "backend.emulate=true"]
+    keys = ("hit_rate", "latency_p50_s", "ttft_p50_s", "num_failed")
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        for k in range(args.runs):
+            cfg = compose("config", overrides=base + args.overrides + [f"results_dir={tempfile.mkdtemp()}"])
+            s = summarize(run_cell(cfg).records)
+            print(f"live run {k}: " + "  ".join(f"{key} {s[key]:.4g}" for key in keys), flush=True)
+        s = summarize(sim_backend.run_cell(cfg).records)
+        print("simulator:  " + "  ".join(f"{key} {s[key]:.4g}" for key in keys), file=sys.stdout, flush=True)
+    return 0
+
+
+__all__ = ["run_cell", "validate_cell", "identity", "cell_log_dir", "compare_main"]
+
+if __name__ == "__main__":
+    raise SystemExit(compare_main())

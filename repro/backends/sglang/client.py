@@ -1,0 +1,250 @@
+"""Benchmark client: replay a workload open-loop against a router, record what the simulator records.
+
+    records, report = run_replay(requests, "http://127.0.0.1:30000", ClientConfig(time_scale=10))
+
+Every request is sent at its workload arrival time (`arrival_s / time_scale` wall seconds after
+the start; asyncio, open loop: a slow reply never delays the next send) as SGLang's streaming
+`/generate` with the exact prompt token ids, `max_new_tokens = output_len` and `ignore_eos`
+(sglang.bench_serving's fixed-length mode), plus the prompt text when the workload has it
+(`send_text`): SGLang runs the ids, while text-matching routers (cache-aware, like the
+simulator's `match_on: auto` and the real sglang-router) route on the text. With `send_reference_output` the workload's recorded
+reply ids ride along (`repro_output_ids`): the emulated worker then generates exactly them, as
+the simulator assumes; SGLang ignores the key (a real model generates its own tokens, so in
+multi-turn workloads the next turn's prompt — which holds the RECORDED reply — shares only the
+previous prompt with what the server cached; this is a real difference from the simulator).
+
+Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need no special case):
+- arrival_s: when the request was actually sent; first_token_s: when the first event carrying
+  an output token arrived; finish_s: when the final event arrived — all in seconds since the
+  replay started, x time_scale (emulated seconds when the workers are emulated). The lag of
+  the send behind the scheduled arrival is reported separately (`report["send_lag_s"]`).
+- prompt_tokens / output_tokens / cached_tokens: the server's meta_info (prompt_tokens,
+  completion_tokens, cached_tokens) of the final event.
+- worker: the router's `X-Repro-Worker` header, -1 when the router does not send it (the real
+  sglang-router).
+- failed: True for an HTTP error, an error event, a malformed or truncated stream, a connection
+  failure, or a request that did not finish within `request_timeout_s` (wall seconds from its
+  send); such rows keep arrival_s (the send time) and have NaN first_token_s / finish_s, zero
+  cached / output tokens and the workload's prompt length (the summary counts them in num_failed
+  and leaves them out of every other number).
+Nothing can hang: every request has that deadline, so the replay ends at the latest
+`request_timeout_s` after the last send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.backends.base import RECORD_COLUMNS
+from repro.backends.sglang import protocol
+
+
+@dataclass
+class ClientConfig:
+    time_scale: float = 1.0  # emulated seconds per wall second
+    request_timeout_s: float = 600.0  # wall seconds from send to the final event
+    connect_timeout_s: float = 10.0
+    send_reference_output: bool = False  # send repro_output_ids (emulated workers)
+    send_text: bool = True  # send the prompt text too (when the workload has it) for text-matching routers
+    stream: bool = True
+    path: str = "/generate"
+
+    def __post_init__(self) -> None:
+        for name in ("time_scale", "request_timeout_s", "connect_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"client: {name} must be a number > 0, got {v!r}")
+
+
+@dataclass
+class _Row:
+    worker: int = -1
+    arrival_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    failed: bool = True
+    error_kind: str | None = None
+    error: str | None = None
+    lag_s: float = 0.0
+
+
+async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _Row) -> None:
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    scale = cfg.time_scale
+    body = protocol.generate_body(
+        req.prompt_tokens,
+        int(req.output_len),
+        stream=cfg.stream,
+        rid=f"repro-{req.id}",
+        reference_output_ids=req.generated_tokens if cfg.send_reference_output else None,
+        text=req.text if cfg.send_text else None,
+    )
+    row.prompt_tokens = int(len(req.prompt_tokens))
+    send = loop.time()
+    row.lag_s = (send - t0) - float(req.arrival_s) / scale
+    row.arrival_s = (send - t0) * scale
+    tracker = protocol.OutputTracker(where=f"request {req.id}")
+    first = math.nan
+    try:
+        async with asyncio.timeout(cfg.request_timeout_s):
+            async with session.post(url, json=body) as resp:
+                w = resp.headers.get(protocol.WORKER_HEADER)
+                if w is not None and w.lstrip("-").isdigit():
+                    row.worker = int(w)
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    row.error_kind, row.error = "http_status", f"HTTP {resp.status}: {text}"
+                    return
+                if not cfg.stream:
+                    tracker.add(await resp.json(content_type=None))
+                    first = finish = loop.time()
+                else:
+                    done = False
+                    async for line in protocol.iter_sse_lines(resp.content):
+                        if done:  # read to the end (keep-alive)
+                            continue
+                        ev = protocol.parse_sse_line(line, tracker.where)
+                        if ev is protocol.DONE:
+                            done = True
+                            finish = loop.time()
+                            continue
+                        if ev is None:
+                            continue
+                        if tracker.add(ev) > 0 and math.isnan(first):
+                            first = loop.time()
+                    if not done:
+                        raise protocol.ProtocolError(f"{tracker.where}: stream ended without [DONE]")
+                if not tracker.finished:
+                    raise protocol.ProtocolError(f"{tracker.where}: no event carried a finish_reason")
+    except TimeoutError:
+        row.error_kind, row.error = "timeout", f"no reply within {cfg.request_timeout_s:g}s"
+        return
+    except protocol.WorkerReportedError as exc:
+        row.error_kind, row.error = "server_error", str(exc)
+        return
+    except protocol.ProtocolError as exc:
+        row.error_kind, row.error = "malformed", str(exc)
+        return
+    except (aiohttp.ClientError, OSError) as exc:
+        row.error_kind, row.error = "connection", f"{type(exc).__name__}: {exc}"
+        return
+    if math.isnan(first):
+        first = finish
+    row.first_token_s = (first - t0) * scale
+    row.finish_s = (finish - t0) * scale
+    row.prompt_tokens = int(tracker.prompt_tokens if tracker.prompt_tokens is not None else row.prompt_tokens)
+    row.cached_tokens = int(tracker.cached_tokens)
+    row.output_tokens = int(tracker.completion_tokens)
+    row.failed = False
+
+
+async def replay(
+    requests: Sequence[Any],
+    base_url: str,
+    cfg: ClientConfig,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[pd.DataFrame, dict]:
+    """Replay `requests` (sorted by arrival_s) against `base_url`; returns (records, report)."""
+    import aiohttp
+
+    if not requests:
+        raise ValueError("client: no requests to replay")
+    arrivals = np.array([float(r.arrival_s) for r in requests])
+    if not np.all(np.isfinite(arrivals)) or np.any(np.diff(arrivals) < 0):
+        raise ValueError("client: arrival_s must be finite and sorted")
+    url = base_url.rstrip("/") + cfg.path
+    protocol.raise_open_file_limit()
+    rows = [_Row() for _ in requests]
+    n = len(requests)
+    finished = 0
+    report_every = max(1, n // 100)
+    timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s)
+    wall0 = time.perf_counter()
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout, read_bufsize=protocol.MAX_LINE_BYTES
+    ) as session:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() - float(arrivals[0]) / cfg.time_scale  # the first request goes out now
+        tasks = []
+
+        def _done(_task: asyncio.Task) -> None:
+            nonlocal finished
+            finished += 1
+            if progress is not None and (finished % report_every == 0 or finished == n):
+                progress(finished / n)
+
+        for req, row in zip(requests, rows):
+            delay = t0 + float(req.arrival_s) / cfg.time_scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(_one(session, url, req, cfg, t0, row))
+            task.add_done_callback(_done)
+            tasks.append(task)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for row, res in zip(rows, results):  # a bug in _one must still leave a failed row, not a crash
+        if isinstance(res, BaseException):
+            row.failed, row.error_kind, row.error = True, "client_error", f"{type(res).__name__}: {res}"
+    records = records_frame(requests, rows)
+    errors: dict[str, int] = {}
+    examples: list[str] = []
+    for req, row in zip(requests, rows):
+        if row.failed:
+            errors[row.error_kind or "unknown"] = errors.get(row.error_kind or "unknown", 0) + 1
+            if len(examples) < 10:
+                examples.append(f"request {req.id}: {row.error_kind}: {row.error}")
+    lags = np.array([r.lag_s for r in rows])
+    report = {
+        "num_requests": n,
+        "num_failed": int(sum(r.failed for r in rows)),
+        "failures": errors,
+        "failure_examples": examples,
+        "send_lag_s": {"mean": float(lags.mean()), "p99": float(np.percentile(lags, 99)), "max": float(lags.max())},
+        "wall_s": time.perf_counter() - wall0,
+        "time_scale": cfg.time_scale,
+    }
+    return records, report
+
+
+def records_frame(requests: Sequence[Any], rows: Sequence[_Row]) -> pd.DataFrame:
+    """One row per request in workload order, RECORD_COLUMNS, the simulator's dtypes."""
+    nan = math.nan
+    df = pd.DataFrame(
+        {
+            "id": np.array([r.id for r in requests], dtype=np.int64),
+            "worker": np.array([row.worker for row in rows], dtype=np.int64),
+            "arrival_s": np.array([row.arrival_s for row in rows], dtype=np.float64),
+            "first_token_s": np.array([nan if row.failed else row.first_token_s for row in rows], dtype=np.float64),
+            "finish_s": np.array([nan if row.failed else row.finish_s for row in rows], dtype=np.float64),
+            "prompt_tokens": np.array([row.prompt_tokens for row in rows], dtype=np.int64),
+            "cached_tokens": np.array([0 if row.failed else row.cached_tokens for row in rows], dtype=np.int64),
+            "output_tokens": np.array([0 if row.failed else row.output_tokens for row in rows], dtype=np.int64),
+            "group": np.array([r.group_id for r in requests], dtype=np.int64),
+            "failed": np.array([row.failed for row in rows], dtype=bool),
+        }
+    )
+    return df[list(RECORD_COLUMNS)]
+
+
+def run_replay(
+    requests: Sequence[Any],
+    base_url: str,
+    cfg: ClientConfig,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[pd.DataFrame, dict]:
+    """Synchronous wrapper of `replay` (its own event loop)."""
+    return asyncio.run(replay(requests, base_url, cfg, progress))
+
+
+__all__ = ["ClientConfig", "replay", "run_replay", "records_frame"]
