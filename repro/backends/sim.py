@@ -17,16 +17,13 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import repro
 from repro.backends.base import CellResult
+from repro.confutil import to_plain
 from repro.sim.cluster import SeedPlan, SimCluster
 from repro.sim.worker import SchedulerConfig
-
-
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -39,7 +36,7 @@ def kv_capacities(cfg: DictConfig, num_workers: int) -> list[int]:
     """Per-worker KV capacity in tokens: cluster.kv_cache_tokens if set, else the memory formula."""
     explicit = cfg.cluster.get("kv_cache_tokens")
     if explicit is not None:
-        explicit = _plain(explicit)
+        explicit = to_plain(explicit)
         if isinstance(explicit, (list, tuple)):
             if len(explicit) != num_workers:
                 raise ValueError(
@@ -66,7 +63,7 @@ def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -
 
     # -- everything that can be checked from the config alone, before any work
     num_workers = _positive_int(cfg.cluster.num_workers, "cluster.num_workers")
-    scheduler = SchedulerConfig.from_config(_plain(cfg.cluster.get("scheduler")))
+    scheduler = SchedulerConfig.from_config(to_plain(cfg.cluster.get("scheduler")))
     seeds = SeedPlan.spawn(cfg.seed, num_workers)
     eviction_name = cfg.eviction.get("name")
     if not eviction_name:
@@ -86,14 +83,14 @@ def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -
         "backend": "sim",
         "model": cfg.model.get("name"),
         "gpu": cfg.hardware.get("name"),
-        "workload": _plain(getattr(workload, "provenance", {})),
+        "workload": to_plain(getattr(workload, "provenance", {})),
         "seed": seeds.seed,
         "seeds": {"workload": seeds.workload, "router": seeds.router, "workers": list(seeds.workers)},
         "num_workers": num_workers,
         "kv_capacity_tokens": capacities,
         "scheduler": asdict(scheduler),
-        "router": _plain(cfg.router),
-        "eviction": _plain(cfg.eviction),
+        "router": to_plain(cfg.router),
+        "eviction": to_plain(cfg.eviction),
         "sim": result.stats,
         "versions": {
             "repro": repro.__version__,

@@ -20,31 +20,22 @@ one base seed per (panel, x).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
+
+from repro.confutil import to_plain
 
 SELECTOR_KEYS = {"panel", "x", "policy", "quick"}
 X_KEY = {"thm4": "b_minus_l_plus_1", "thm5": "b_minus_l_minus_beta_plus_2"}
 
 
-def _plain(node: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(node, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return node
-
-
 def theory_params(cfg: Mapping) -> dict:
     """The exact run_theory_cell parameters of a cell (ValueError with the choices if none)."""
-    node = _plain(cfg.get("theory"))
+    node = to_plain(cfg.get("theory"))
     if not isinstance(node, Mapping) or not node:
         raise ValueError("backend=theory needs a `theory:` node (panel, x, policy) — see conf/exp/thm_competitive_ratio.yaml")
     node = dict(node)
     if "construction" in node:  # explicit parameters
-        node.setdefault("seed", _plain(cfg.get("seed", 0)))
+        node.setdefault("seed", to_plain(cfg.get("seed", 0)))
         return node
     unknown = set(node) - SELECTOR_KEYS
     if unknown:
@@ -70,7 +61,7 @@ def identity(cfg: Mapping) -> Mapping:
 def validate_cell(cfg: Mapping) -> list[str]:
     try:
         params = theory_params(cfg)
-        if "construction" in _plain(cfg.get("theory")):  # explicit parameters: let theory check them
+        if "construction" in to_plain(cfg.get("theory")):  # explicit parameters: let theory check them
             from repro.theory import build_cell_trace
 
             build_cell_trace(params)

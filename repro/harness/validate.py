@@ -23,6 +23,7 @@ import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from repro.backends import UnknownBackendError, backend_module_path
+from repro.confutil import get_path
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 ORDERS = ("random", "round_robin")
@@ -33,15 +34,6 @@ NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/worklo
 
 class ConfigError(ValueError):
     """One clear message for everything wrong with a sweep; raised before any cell runs."""
-
-
-def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def _is_int(v: Any) -> bool:
@@ -84,10 +76,10 @@ def value_errors(cfg: Mapping) -> list[str]:
         isinstance(exp_name, str) and exp_name and "/" not in exp_name and not exp_name.startswith("."),
         f"exp_name must be a plain folder name (got {exp_name!r})",
     )
-    mode = _get(cfg, "tracking.mode")
+    mode = get_path(cfg, "tracking.mode")
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
 
-    backend = _get(cfg, "backend.name")
+    backend = get_path(cfg, "backend.name")
     try:
         backend_module_path(str(backend)) if backend is not None else None
         need(backend is not None, "backend.name is missing (choose backend=sim|sglang|theory)")
@@ -96,11 +88,11 @@ def value_errors(cfg: Mapping) -> list[str]:
     if backend in NON_SERVING_BACKENDS:
         return errs
 
-    workers = _get(cfg, "cluster.num_workers")
+    workers = get_path(cfg, "cluster.num_workers")
     need(_is_int(workers) and workers >= 1, f"cluster.num_workers must be an integer >= 1 (got {workers!r})")
-    frac = _get(cfg, "cluster.mem_fraction")
+    frac = get_path(cfg, "cluster.mem_fraction")
     need(_is_num(frac) and 0 < frac <= 1, f"cluster.mem_fraction must be in (0, 1] (got {frac!r})")
-    kv = _get(cfg, "cluster.kv_cache_tokens")
+    kv = get_path(cfg, "cluster.kv_cache_tokens")
     if isinstance(kv, list):
         need(
             all(_is_int(v) and v >= 1 for v in kv) and (not _is_int(workers) or len(kv) == workers),
@@ -108,15 +100,15 @@ def value_errors(cfg: Mapping) -> list[str]:
         )
     else:
         need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
-    sp = _get(cfg, "cluster.scheduler.schedule_policy")
+    sp = get_path(cfg, "cluster.scheduler.schedule_policy")
     need(
         sp in SCHEDULE_POLICIES,
         f"cluster.scheduler.schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)} (got {sp!r})",
     )
     for key in ("max_running_requests", "max_prefill_tokens"):
-        v = _get(cfg, f"cluster.scheduler.{key}")
+        v = get_path(cfg, f"cluster.scheduler.{key}")
         need(_is_int(v) and v >= 1, f"cluster.scheduler.{key} must be an integer >= 1 (got {v!r})")
-    chunk = _get(cfg, "cluster.scheduler.chunked_prefill_size")
+    chunk = get_path(cfg, "cluster.scheduler.chunked_prefill_size")
     need(
         chunk is None or chunk == -1 or (_is_int(chunk) and chunk >= 1),
         f"cluster.scheduler.chunked_prefill_size must be >= 1, or -1/null for no chunking (got {chunk!r})",
@@ -208,7 +200,7 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
 
     memo = memo or _Memo()
     errs: list[str] = []
-    backend = _get(cfg, "backend.name")
+    backend = get_path(cfg, "backend.name")
 
     try:
         from repro.backends import get_backend
@@ -246,8 +238,8 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     if status == "error":
         errs.append(f"model/hardware: cannot build the step-cost model: {value}")
 
-    kv = _get(cfg, "cluster.kv_cache_tokens")
-    frac = _get(cfg, "cluster.mem_fraction")
+    kv = get_path(cfg, "cluster.kv_cache_tokens")
+    frac = get_path(cfg, "cluster.mem_fraction")
 
     def capacity() -> int:  # the smallest worker's cache: every request must fit each worker
         if isinstance(kv, list):

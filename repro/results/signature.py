@@ -12,6 +12,8 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+from repro.confutil import to_plain
+
 # Top-level config keys that do not affect results.
 NON_RESULT_KEYS: frozenset[str] = frozenset(
     {"tracking", "hydra", "paths", "launcher", "n_jobs", "results_dir", "exp_name", "local", "run",
@@ -19,19 +21,8 @@ NON_RESULT_KEYS: frozenset[str] = frozenset(
 )
 
 
-def _plain(obj: Any) -> Any:
-    try:  # OmegaConf containers -> plain python, interpolations resolved
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return obj
-
-
 def signature_payload(cfg: Mapping[str, Any]) -> dict:
-    cfg = _plain(cfg)
+    cfg = to_plain(cfg)
     return {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
 
 

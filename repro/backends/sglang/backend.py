@@ -32,10 +32,11 @@ latencies test the machinery; they are not results.
 from __future__ import annotations
 
 import math
-import os
 import platform
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from repro.confutil import get_path, to_plain
 
 BACKEND_KEYS = frozenset({
     "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
@@ -56,33 +57,13 @@ NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python")
 SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
 
 
-def _plain(node: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(node):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return node
-
-
-def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def _is_pos(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def validate_cell(cfg: Mapping) -> list[str]:
     """Backend-specific configuration errors (no imports of sglang: checked on login nodes too)."""
-    cfg = _plain(cfg)
+    cfg = to_plain(cfg)
     errs: list[str] = []
     b = cfg.get("backend") or {}
     unknown = sorted(set(b) - BACKEND_KEYS)
@@ -109,17 +90,17 @@ def validate_cell(cfg: Mapping) -> list[str]:
         errs.append(f"backend.time_scale={ts} applies to emulated workers only (real SGLang servers run in "
                     f"real time): set backend.emulate=true or time_scale=1.0")
     impl = b.get("router_impl", "ours")
-    router_name = _get(cfg, "router.name")
+    router_name = get_path(cfg, "router.name")
     if impl not in ("ours", "sglang_router"):
         errs.append(f"backend.router_impl must be 'ours' or 'sglang_router', got {impl!r}")
     elif impl == "sglang_router" and router_name not in ("cache_aware", "random", "round_robin"):
         errs.append(f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
                     f"{router_name!r}: use router_impl=ours")
-    if _get(cfg, "router.tracker") == "exact":
+    if get_path(cfg, "router.tracker") == "exact":
         errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
                     "the live backend needs tracker=approximate")
-    ev_name = _get(cfg, "eviction.name")
-    ev_gran = _get(cfg, "eviction.granularity", "node")
+    ev_name = get_path(cfg, "eviction.name")
+    ev_gran = get_path(cfg, "eviction.granularity", "node")
     if ev_name == "opt":
         errs.append("eviction.name=opt needs the whole future trace: simulator/theory only")
     elif not emulate and ev_name not in SGLANG_EVICTIONS:
@@ -127,18 +108,18 @@ def validate_cell(cfg: Mapping) -> list[str]:
     if not emulate and ev_gran != "node":
         errs.append(f"eviction.granularity={ev_gran!r}: SGLang evicts whole radix-tree nodes (granularity=node)")
     for key in SECTION_KEYS["timeouts"]:
-        v = _get(b, f"timeouts.{key}")
+        v = get_path(b, f"timeouts.{key}")
         if v is not None and not _is_pos(v):
             errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
     gpus = b.get("gpus")
     if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, (int, str)) for g in gpus)):
         errs.append(f"backend.gpus must be null or a list of GPU ids, got {gpus!r}")
     elif gpus is not None and not emulate:
-        tp = int(_get(cfg, "model.tensor_parallel", 1) or 1)
-        need = int(_get(cfg, "cluster.num_workers", 1) or 1) * tp
+        tp = int(get_path(cfg, "model.tensor_parallel", 1) or 1)
+        need = int(get_path(cfg, "cluster.num_workers", 1) or 1) * tp
         if len(gpus) < need:
             errs.append(f"backend.gpus lists {len(gpus)} GPUs; the cell needs num_workers x tensor_parallel = {need}")
-    send_ref = _get(b, "client.send_reference_output", "auto")
+    send_ref = get_path(b, "client.send_reference_output", "auto")
     if send_ref not in ("auto", True, False):
         errs.append(f"backend.client.send_reference_output must be auto, true or false, got {send_ref!r}")
     rs = b.get("router_service") or {}
@@ -160,7 +141,7 @@ def validate_cell(cfg: Mapping) -> list[str]:
 
 def identity(cfg: Mapping) -> dict:
     """The whole config minus the backend keys that only place the run (host, GPUs, logs, python)."""
-    cfg = dict(_plain(cfg))
+    cfg = dict(to_plain(cfg))
     b = dict(cfg.get("backend") or {})
     for k in NON_RESULT_BACKEND_KEYS:
         b.pop(k, None)
@@ -172,7 +153,7 @@ def cell_log_dir(cfg: Mapping) -> Path:
     """backend.log_dir, else <results_dir>/<exp_name>/<signature>/logs (the harness's cell folder)."""
     from repro.results import run_signature
 
-    explicit = _get(cfg, "backend.log_dir")
+    explicit = get_path(cfg, "backend.log_dir")
     if explicit:
         return Path(str(explicit))
     root = cfg.get("results_dir") or "results"
@@ -198,19 +179,19 @@ def _versions(emulate: bool) -> dict:
 
 def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     """Run one grid cell on this node; CellResult with the simulator's record columns."""
+    from omegaconf import OmegaConf
+
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
     from repro.backends.sim import kv_capacities
     from repro.sim.cluster import SeedPlan, validate_requests
     from repro.workloads import build_workload
 
-    from omegaconf import OmegaConf
-
     errs = validate_cell(cfg)
     if errs:
         raise ValueError("backend=sglang: " + "; ".join(errs))
     dcfg = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
-    plain = _plain(dcfg)
+    plain = to_plain(dcfg)
     m = plain["cluster"]["num_workers"]
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"cluster.num_workers must be a positive integer, got {m!r}")
@@ -234,7 +215,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
         "router_impl": plan.router_impl,
         "model": plain["model"].get("name"),
         "gpu": plain["hardware"].get("name"),
-        "workload": _plain(getattr(workload, "provenance", {})),
+        "workload": to_plain(getattr(workload, "provenance", {})),
         "seed": seeds.seed,
         "seeds": {"workload": seeds.workload, "router": seeds.router, "workers": list(seeds.workers)},
         "num_workers": m,

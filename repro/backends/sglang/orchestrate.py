@@ -40,10 +40,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from repro.confutil import to_plain
 from repro.results import atomic_write_json
 
 ROUTER_IMPLS = ("ours", "sglang_router")
@@ -120,17 +121,6 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _plain(node: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(node):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return node
 
 
 def assign_gpus(num_workers: int, tensor_parallel: int, gpus: Sequence[Any] | None) -> list[list[str]]:
@@ -256,7 +246,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     budgets (repro.backends.sim.kv_capacities), `seeds` the cell's repro.sim.SeedPlan.
     `ports`: M + 1 ports (workers, then router); default: free ports now.
     """
-    cfg = _plain(cfg)
+    cfg = to_plain(cfg)
     b = cfg["backend"]
     cluster = cfg["cluster"]
     m = int(cluster["num_workers"])
