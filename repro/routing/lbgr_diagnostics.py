@@ -296,7 +296,9 @@ def sweep(cell_set: str, policies: dict[str, Sequence[str]], cache_dir: Path, n_
             for label, pol in policies.items():
                 ov = tuple(pol) + tuple(cell) + (f"seed={seed}", "tracking=disabled")
                 jobs.append((ov, str(cache_dir)))
-                meta.append({"cell": " ".join(c.split("=", 1)[1] for c in cell), "seed": seed, "policy": label})
+                vals = [c.split("=", 1)[1] for c in cell]
+                meta.append({"cell": " ".join("limited" if v.startswith("${") else v for v in vals),
+                             "seed": seed, "policy": label})
     if n_jobs > 1:
         with get_context("spawn").Pool(n_jobs) as pool:
             out = pool.map(_run_summary, jobs, chunksize=1)
@@ -328,15 +330,28 @@ def compare(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("policy")
 
 
+def markdown_table(df: pd.DataFrame) -> str:
+    """Per cell and policy, the mean over seeds of hit rate, P50/P95 latency and TTFT, throughput."""
+    cols = {"hit_rate": "hit", "latency_p50_s": "P50 lat (s)", "latency_p95_s": "P95 lat (s)",
+            "ttft_p50_s": "P50 TTFT (s)", "ttft_p95_s": "P95 TTFT (s)", "throughput_rps": "tput (req/s)"}
+    g = df.groupby(["cell", "policy"], sort=False)[list(cols)].mean()
+    lines = ["| cell | system | " + " | ".join(cols.values()) + " |", "|" + "---|" * (len(cols) + 2)]
+    for (cell, pol), row in g.iterrows():
+        vals = [f"{row[c]:.3f}" if c == "hit_rate" else f"{row[c]:.3g}" for c in cols]
+        lines.append(f"| {cell} | {pol} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def sweep_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="lbgr_diagnostics sweep", description="protocol sweep: ratios to a baseline")
     ap.add_argument("cell_set", choices=sorted(CELL_SETS))
     ap.add_argument("--variant", action="append", required=True, metavar="LABEL=OVERRIDES",
-                    help="a policy variant: label=space-separated Hydra overrides (repeatable)")
+                    help="a policy variant: label=space-separated Hydra overrides (repeatable; no '=' in the label)")
     ap.add_argument("--baseline", default="CacheAware+LRU=policy=cache_aware_lru", metavar="LABEL=OVERRIDES")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/lbgr_sweep"))
     ap.add_argument("--n-jobs", type=int, default=2)
     ap.add_argument("--per-cell", action="store_true", help="also print every cell's P50/P95/hit")
+    ap.add_argument("--markdown", action="store_true", help="also print per-cell means over seeds as Markdown")
     args = ap.parse_args(argv)
     policies = {}
     for spec in [args.baseline, *args.variant]:
@@ -349,6 +364,8 @@ def sweep_main(argv: Sequence[str]) -> int:
         piv = df.pivot_table(index=["cell", "seed"], columns="policy",
                              values=["latency_p50_s", "latency_p95_s", "hit_rate"], sort=False)
         print(piv.round(3).to_string())
+    if args.markdown:
+        print(markdown_table(df))
     print(compare(df, base).round(3).to_string())
     return 0
 
