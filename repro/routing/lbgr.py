@@ -4,34 +4,54 @@ Per arriving query q_j and every worker i:
 
     h_ij  = tracked cached-prefix length of q_j on worker i        (global cache tracker)
     u_ij  = |q_j| - h_ij                                           (miss tokens)
-    S_ij  = worker i's step-cost model: prefill of u_ij new tokens on top of h_ij cached ones
-            + (o - 1) decode steps at batch 1 with |q_j| tokens of context, o = expected output
-            length (the first output token comes out of the prefill step)
-    P_i   = queue-load estimate (seconds of estimated service queued on worker i)
+    S_ij  = service-time estimate from worker i's step-cost model (see service_model)
+    P_i   = queue-load estimate: += S on dispatch, x gamma every Delta t
     phi   = [1, h_ij / token_scale, u_ij / token_scale, P_i / load_scale_s]
-    E_ij  = S_ij + P_i + theta_i . phi                              (residual model per worker)
+    E_ij  = S_ij + P_i + r_ij,   r_ij = theta_i . phi                (residual model per worker)
 
 route to argmin_i E_ij (ties: lowest P_i, then lowest worker id); then P_i += S_ij. On the
 completion of q_j with realised end-to-end latency E, theta_i is updated online on the
-sample (phi, E - S_ij - P_i) — i.e. it minimises (E - E_hat)^2 — with recursive least
-squares with forgetting (`learner: rls`) or plain SGD (`learner: sgd`); `learner: none`
-drops the residual (ablation).
+sample (phi, E - S_ij - P_i) — i.e. it minimises (E - E_hat)^2.
 
-Every choice the paper leaves open is a constructor argument = a key of conf/router/lbgr.yaml:
+Every choice the paper leaves open is a constructor argument = a key of conf/router/lbgr.yaml.
+The defaults were chosen on tuning cells only and checked on the evaluation cells (protocol,
+numbers and the ablations: REPRODUCE.md "LBGR reconstruction", repro/routing/lbgr_diagnostics.py).
 
-- tracker: "approximate" (default; the paper's rows) = one router-side RadixCache per worker
-  (repro.kvcache.make_cache) with the worker's capacity B_i (view.kv_capacity_tokens) and
-  eviction policy (view.eviction_policy, at `tracker_granularity`, default "node" like
-  SGLang). On dispatch the prompt is an access of the chosen worker's tracker (match_prefix,
-  lock the matched path, evict what the new tokens need, unlock, insert: SGLang's order); on
-  completion the full path prompt + generated tokens is inserted the same way. A path longer
-  than B_i is cut to its first B_i tokens. The tracker does not model the worker's in-flight
-  locks. Hits are read with peek_prefix, so evaluating all M workers changes no tracker.
+- tracker: "approximate" (default; the paper's rows) = router-side radix trees, no access to
+  the workers. Per worker: a RadixCache (repro.kvcache.make_cache) of the worker's capacity
+  B_i (view.kv_capacity_tokens) and eviction policy (view.eviction_policy, at
+  `tracker_granularity`, default "node" like SGLang), plus, with tracker_update "inflight"
+  (default), an unbounded tree of the prompts in flight on that worker (dispatched, not yet
+  completed). h = max(hit in the cache tree, hit in the in-flight tree).
+  * inflight (default): a prompt enters the in-flight tree on dispatch and leaves it on
+    completion, when prompt + generated tokens become an access of the cache tree (match_prefix,
+    lock the matched path, evict what the new tokens need, unlock, insert: SGLang's order).
+    Why: a worker caches a prompt only once it is ADMITTED, and under a queue that is long
+    after the dispatch; a request queued behind a same-prefix one will hit (lpm scheduling
+    even batches them). The cache tree therefore sees accesses in completion order (~ the
+    worker's admission order) and is never polluted by queued prompts.
+  * dispatch (ablation, the first reconstruction): the prompt is an access of the cache tree
+    on dispatch. With queues longer than the cache (overload, LooGLE) queued prompts evict, in
+    the tracker, prefixes the worker still holds: the tracker loses a prefix's home, LBGR
+    spreads its queries and the hit rate collapses.
+  A path longer than B_i is cut to its first B_i tokens. The trackers do not model the
+  worker's locks. Hits are read with peek_prefix, so evaluating all M workers changes no tree.
   "exact" (labelled ablation; simulator only) reads the workers' real caches through
   WorkerView.peek_prefix (never match_prefix: routing must not disturb eviction state).
 - Expected output length o: mean output length of the requests completed so far (all
   workers), `output_len_prior` (default 1 token) before the first completion. Never the
   request's true output_len unless `oracle_output_len: true` (labelled ablation).
+- service_model: what S is. Both: prefill of u new tokens on top of h cached ones (the
+  request alone) + its decode steps (o - 1; the first token comes out of the prefill step).
+  * kv_batch (default): its 1/b share of (o - 1) decode steps of a batch of b requests like it,
+    b = floor(B_i / (|q| + o)) (>= 1): the worker time the request takes when the worker runs
+    the batch its KV cache allows -- what a continuous-batching worker does under load, the
+    only time P matters. Uses only the worker's capacity, not its momentary queue.
+  * batch1 (ablation, the first reconstruction): (o - 1) decode steps at batch 1, i.e. the
+    request served alone. For long answers this charges P with decode work a batched worker
+    shares (o = 128: ~3.8 s per request on L40): P then swamps the cache term, LBGR routes by
+    load alone and loses the cache.
+  Decode context: |q| tokens per request.
 - decay: "exponential" (default): P_i is multiplied by decay_factor (gamma, 0.9) once per
   elapsed decay_interval_s (Delta t, 0.1 s) of `now_s`; intervals are counted on the grid
   k * Delta t (k = floor(now_s / Delta t + 1e-9), the 1e-9 absorbing float error in
@@ -41,11 +61,30 @@ Every choice the paper leaves open is a constructor argument = a key of conf/rou
   weighted window of drain_time_constant_s (5 s), divided by that time constant, but at
   least drain_min_rate (1.0: a worker finishes at least one second of estimated service
   per second while busy). P_i is clamped at >= 0 in both variants.
-- Features are scaled to O(1): tokens by token_scale (1024), load by load_scale_s (1 s).
-- RLS: forgetting_factor 0.99, initial covariance rls_init_var * I (1.0), bounded trace
-  rls_max_trace (1e4) — see repro.routing.learners.RLSLearner. SGD: sgd_learning_rate 0.01.
-  theta starts at 0, so the first decisions use E = S + P.
+- Features are scaled to O(1) on typical prompts: tokens by token_scale (1024), load by
+  load_scale_s (1 s). Fixed scales (a running-mean scaling was tried and tuned worse).
+- learner "rls" (default) with rls_regularization > 0 (default 500): exponentially weighted
+  ridge regression per worker (forgetting_factor 0.99) whose prior is the same regression
+  pooled over all workers (rls_pooled, prior worth rls_pool_regularization = 3 samples) --
+  repro.routing.learners.RidgeRLSLearner. Why: the samples are few, delayed by one latency
+  and selection-biased (a worker only learns when it wins the argmin); a free per-worker
+  model (the first reconstruction) drifts on a few unlucky samples, its intercept then keeps
+  the worker out of the argmin, the others pile up, and the run oscillates (GSP, LooGLE). A
+  systematic bias (P overestimates the real wait at moderate load; S misses the decode
+  latency of long answers) is common to identical workers and is learned by the pool.
+  rls_regularization 0: plain RLS with forgetting per worker (initial covariance
+  rls_init_var * I, bounded trace rls_max_trace; ablation). "sgd": plain SGD
+  (sgd_learning_rate). "none": no residual (ablation). theta starts at 0 (E = S + P).
+- min_load_weight (default 0.25): the residual may rescale the load term but not invert it:
+  at prediction, theta3 is raised to -(1 - min_load_weight) * load_scale_s when below, so
+  that dE/dP >= min_load_weight. Why: a learned dE/dP <= 0 (seen at 128-token answers) makes
+  the most loaded worker look the cheapest and every query piles onto it. null = no floor.
 - A completion the router did not dispatch (unknown request id) is ignored.
+
+Information used, all available to a live router (repro.backends.sglang.router_service): the
+request's prompt tokens, its own dispatch/completion events (latency, generated tokens), and
+from WorkerView only kv_capacity_tokens, eviction_policy and cost_model (peek_prefix only
+with tracker "exact"). Never the workers' queues, never a request's true output length.
 """
 
 from __future__ import annotations
@@ -55,8 +94,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from repro.routing.approx_tree import common_prefix_units
 from repro.routing.base import Router, WorkerView, check_choice, token_key
-from repro.routing.learners import RLSLearner, SGDLearner
+from repro.routing.learners import RidgeRLSLearner, RLSLearner, SGDLearner
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -90,6 +130,99 @@ def tracker_access(cache, key: bytes) -> int:
     return fit
 
 
+class _InflightNode:
+    __slots__ = ("key", "children", "count", "parent")
+
+    def __init__(self, key: bytes, parent: "_InflightNode | None") -> None:
+        self.key = key
+        self.children: dict[bytes, _InflightNode] = {}
+        self.count: dict[int, int] = {}  # worker -> prompts in flight whose path contains this node
+        self.parent = parent
+
+
+class InflightPrompts:
+    """The prompts in flight on every worker, in one radix tree over packed int32 keys.
+
+    hits(key) -> per worker, the longest common prefix of `key` with that worker's in-flight
+    prompts: one walk for all workers (a node carries, per worker, how many of its prompts
+    pass through it). add / remove a prompt on dispatch / completion; a node no prompt passes
+    through any more is unlinked (nodes are never merged back: extra split points are harmless).
+    Why hand-written: it runs on every routing decision and completion; M RadixCaches with
+    locks and an eviction policy cost M walks per decision and policy bookkeeping per removal.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.root = _InflightNode(b"", None)
+        self.size = 0  # prompts in flight
+
+    def add(self, key: bytes, worker: int) -> None:
+        node = self.root
+        pos, n = 0, len(key)
+        while pos < n:
+            first = key[pos : pos + 4]
+            child = node.children.get(first)
+            if child is None:
+                child = _InflightNode(key[pos:], node)
+                node.children[first] = child
+                shared = n - pos
+            else:
+                ck = child.key
+                shared = common_prefix_units(ck, key, pos, 4)
+                if shared < len(ck):  # split so that a node ends where this prompt does
+                    upper = _InflightNode(ck[:shared], node)
+                    upper.count = dict(child.count)
+                    rest = ck[shared:]
+                    upper.children[rest[:4]] = child
+                    child.key = rest
+                    child.parent = upper
+                    node.children[first] = upper
+                    child = upper
+            child.count[worker] = child.count.get(worker, 0) + 1
+            node = child
+            pos += shared
+        self.size += 1
+
+    def remove(self, key: bytes, worker: int) -> None:
+        """Remove one in-flight prompt `key` of `worker` (it must have been added)."""
+        node = self.root
+        pos, n = 0, len(key)
+        path = []
+        while pos < n:
+            child = node.children[key[pos : pos + 4]]
+            path.append(child)
+            pos += len(child.key)
+            node = child
+        for node in path:
+            c = node.count[worker] - 1
+            if c:
+                node.count[worker] = c
+            else:
+                del node.count[worker]
+                if not node.count:  # no prompt passes here any more: neither below
+                    del node.parent.children[node.key[:4]]
+                    break
+        self.size -= 1
+
+    def hits(self, key: bytes) -> list[int]:
+        hits = [0] * self.num_workers
+        node = self.root
+        pos, n = 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos : pos + 4])
+            if child is None:
+                break
+            shared = common_prefix_units(child.key, key, pos, 4)
+            pos += shared
+            t = pos >> 2
+            for w in child.count:
+                hits[w] = t
+            if shared < len(child.key):
+                break
+            node = child
+        return hits
+
+
 class LBGRRouter(Router):
     name = "lbgr"
 
@@ -98,6 +231,8 @@ class LBGRRouter(Router):
         name: str = "lbgr",
         tracker: str = "approximate",
         tracker_granularity: str = "node",
+        tracker_update: str = "inflight",
+        service_model: str = "kv_batch",
         decay: str = "exponential",
         decay_factor: float = 0.9,
         decay_interval_s: float = 0.1,
@@ -105,11 +240,15 @@ class LBGRRouter(Router):
         drain_min_rate: float = 1.0,
         learner: str = "rls",
         forgetting_factor: float = 0.99,
+        rls_regularization: float = 500.0,
+        rls_pooled: bool = True,
+        rls_pool_regularization: float = 3.0,
         rls_init_var: float = 1.0,
         rls_max_trace: float = 1.0e4,
         sgd_learning_rate: float = 0.01,
         token_scale: float = 1024.0,
         load_scale_s: float = 1.0,
+        min_load_weight: float | None = 0.25,
         output_len_prior: float = 1.0,
         oracle_output_len: bool = False,
         cache_factory: Callable | None = None,
@@ -117,6 +256,8 @@ class LBGRRouter(Router):
         self.name = name
         self.tracker = check_choice("tracker", tracker, ("approximate", "exact"))
         self.tracker_granularity = check_choice("tracker_granularity", tracker_granularity, ("node", "token"))
+        self.tracker_update = check_choice("tracker_update", tracker_update, ("inflight", "dispatch"))
+        self.service_model = check_choice("service_model", service_model, ("kv_batch", "batch1"))
         self.decay = check_choice("decay", decay, ("exponential", "drain"))
         self.learner_kind = check_choice("learner", learner, ("rls", "sgd", "none"))
         if not 0.0 < decay_factor <= 1.0:
@@ -126,9 +267,14 @@ class LBGRRouter(Router):
             ("drain_time_constant_s", drain_time_constant_s),
             ("token_scale", token_scale),
             ("load_scale_s", load_scale_s),
+            ("rls_pool_regularization", rls_pool_regularization),
         ):
             if not value > 0:
                 raise ValueError(f"{key} must be > 0, got {value}")
+        if rls_regularization < 0:
+            raise ValueError(f"rls_regularization must be >= 0, got {rls_regularization}")
+        if min_load_weight is not None and not 0.0 <= min_load_weight <= 1.0:
+            raise ValueError(f"min_load_weight must be in [0, 1] or null, got {min_load_weight}")
         if drain_min_rate < 0:
             raise ValueError(f"drain_min_rate must be >= 0, got {drain_min_rate}")
         if output_len_prior < 1:
@@ -138,11 +284,19 @@ class LBGRRouter(Router):
         self.drain_time_constant_s = float(drain_time_constant_s)
         self.drain_min_rate = float(drain_min_rate)
         self.forgetting_factor = float(forgetting_factor)
+        self.rls_regularization = float(rls_regularization)
+        self.rls_pooled = bool(rls_pooled)
+        self.rls_pool_regularization = float(rls_pool_regularization)
         self.rls_init_var = float(rls_init_var)
         self.rls_max_trace = float(rls_max_trace)
         self.sgd_learning_rate = float(sgd_learning_rate)
         self.token_scale = float(token_scale)
         self.load_scale_s = float(load_scale_s)
+        self.min_load_weight = None if min_load_weight is None else float(min_load_weight)
+        # Lowest theta3 used in a prediction: dE/dP = 1 + theta3 / load_scale_s >= min_load_weight.
+        self._theta3_min = (
+            -math.inf if min_load_weight is None else -(1.0 - self.min_load_weight) * self.load_scale_s
+        )
         self.output_len_prior = float(output_len_prior)
         self.oracle_output_len = bool(oracle_output_len)
         self.cache_factory = cache_factory or _default_cache_factory
@@ -151,6 +305,15 @@ class LBGRRouter(Router):
 
     # ------------------------------------------------------------------ lifecycle
     def _make_learner(self, num_workers: int):
+        if self.learner_kind == "rls" and self.rls_regularization > 0:
+            return RidgeRLSLearner(
+                num_workers,
+                NUM_FEATURES,
+                self.forgetting_factor,
+                self.rls_regularization,
+                self.rls_pooled,
+                self.rls_pool_regularization,
+            )
         if self.learner_kind == "rls":
             return RLSLearner(
                 num_workers, NUM_FEATURES, self.forgetting_factor, self.rls_init_var, self.rls_max_trace
@@ -164,13 +327,16 @@ class LBGRRouter(Router):
         m = self.num_workers
         self.load_est = np.zeros(m)  # P_i, seconds
         self.learner = self._make_learner(m)
-        self.pending: dict[int, tuple[int, np.ndarray, float, float]] = {}
+        # request id -> (worker, phi, S + P, S)
+        self.pending: dict[int, tuple] = {}
         self.output_sum = 0.0
         self.output_count = 0
         self._last_tick: int | None = None
         self._last_now: float | None = None
         self.work_done = np.zeros(m)  # drain: exponentially weighted completed estimated work
+        self.capacity = [max(1, int(w.kv_capacity_tokens)) for w in workers]
         self.caches = None
+        self.inflight = None
         if self.tracker == "approximate":
             seeds = np.random.SeedSequence(seed).spawn(m)
             self.caches = [
@@ -181,6 +347,8 @@ class LBGRRouter(Router):
                 )
                 for w, s in zip(workers, seeds)
             ]
+            if self.tracker_update == "inflight":
+                self.inflight = InflightPrompts(m)
 
     # ------------------------------------------------------------------ routing
     def expected_output_len(self, request: "Request") -> float:
@@ -190,6 +358,21 @@ class LBGRRouter(Router):
             return self.output_len_prior
         return self.output_sum / self.output_count
 
+    def tracked_hits(self, key: bytes, workers: Sequence[WorkerView]) -> list[int]:
+        """h_i for every worker: the tracker's cached prefix of `key` (see the module docstring)."""
+        if self.caches is None:
+            return [w.peek_prefix(key) for w in workers]
+        hits = [c.peek_prefix(key) for c in self.caches]
+        if self.inflight is not None and self.inflight.size:
+            return [a if a >= b else b for a, b in zip(hits, self.inflight.hits(key))]
+        return hits
+
+    def decode_batch(self, worker: int, prompt_len: int, out_len: float) -> int:
+        """b of service_model kv_batch: requests like this one that fit in the worker's KV (>= 1)."""
+        if self.service_model == "batch1":
+            return 1
+        return max(1, int(self.capacity[worker] // (prompt_len + out_len)))
+
     def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
         """Hot path: decay, then (key, hits, S, E) per worker as Python lists.
 
@@ -198,32 +381,39 @@ class LBGRRouter(Router):
         self._advance(now_s)
         key = token_key(request.prompt_tokens)
         prompt_len = len(key) // 4
-        if self.caches is None:
-            hits = [w.peek_prefix(key) for w in workers]
-        else:
-            hits = [c.peek_prefix(key) for c in self.caches]
-        decode_steps = max(self.expected_output_len(request) - 1.0, 0.0)
+        hits = self.tracked_hits(key, workers)
+        out_len = self.expected_output_len(request)
+        decode_steps = max(out_len - 1.0, 0.0)
         loads = self.load_est.tolist()
         rows = self.learner.theta_rows if self.learner is not None else None
         ts, ls = self.token_scale, self.load_scale_s
+        t3_min = self._theta3_min
+        if self.service_model == "batch1":
+            batches = [1] * len(workers)
+        else:  # decode_batch(), inlined
+            per = prompt_len + out_len
+            batches = [max(1, int(c // per)) for c in self.capacity]
         service: list[float] = []
         predicted: list[float] = []
-        memo: dict[tuple[int, int], float] = {}
+        memo: dict[tuple, float] = {}
         for i, w in enumerate(workers):
             hit = hits[i]
             cm = w.cost_model
-            s = memo.get((id(cm), hit))
+            b = batches[i]
+            s = memo.get((id(cm), hit, b))
             if s is None:
-                d = memo.get((id(cm), -1))
-                if d is None:
-                    d = decode_steps * cm.decode_time_s(1, prompt_len) if decode_steps > 0 else 0.0
-                    memo[(id(cm), -1)] = d
+                d = memo.get((id(cm), -1, b))
+                if d is None:  # the request's 1/b share of (o - 1) decode steps at batch b
+                    d = decode_steps * cm.decode_time_s(b, b * prompt_len) / b if decode_steps > 0 else 0.0
+                    memo[(id(cm), -1, b)] = d
                 s = cm.prefill_time_s(prompt_len - hit, hit) + d
-                memo[(id(cm), hit)] = s
+                memo[(id(cm), hit, b)] = s
             p = loads[i]
             e = s + p
             if rows is not None:
                 t0, t1, t2, t3 = rows[i]
+                if t3 < t3_min:
+                    t3 = t3_min
                 e = e + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls))
             service.append(s)
             predicted.append(e)
@@ -257,14 +447,16 @@ class LBGRRouter(Router):
                 worker = i
         s, p = service[worker], loads[worker]
         phi = self.features(hits[worker], len(key) // 4, p)
+        if self.inflight is not None:
+            self.inflight.add(key, worker)
+        elif self.caches is not None:
+            tracker_access(self.caches[worker], key)
         self.pending[request.id] = (worker, phi, s + p, s)
         load[worker] = p + s
-        if self.caches is not None:
-            tracker_access(self.caches[worker], key)
         return worker
 
     def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
-        record = self.pending.pop(request.id, None)
+        record = self.pending.get(request.id)
         if record is None:
             return
         worker, phi, base, service = record
@@ -272,6 +464,7 @@ class LBGRRouter(Router):
             raise ValueError(
                 f"request {request.id} was dispatched to worker {worker} but completed on {worker_id}"
             )
+        del self.pending[request.id]
         if now_s is not None:
             self._advance(now_s)
         self.output_sum += float(request.output_len)
@@ -281,8 +474,10 @@ class LBGRRouter(Router):
         if self.decay == "drain":
             self.work_done[worker] += service
         if self.caches is not None:
-            full = token_key(request.prompt_tokens) + token_key(request.generated_tokens)
-            tracker_access(self.caches[worker], full)
+            key = token_key(request.prompt_tokens)
+            if self.inflight is not None:
+                self.inflight.remove(key, worker)
+            tracker_access(self.caches[worker], key + token_key(request.generated_tokens))
 
     # ------------------------------------------------------------------ decay
     def _advance(self, now_s: float) -> None:

@@ -10,7 +10,9 @@ by one with time.perf_counter_ns (GC paused while timing). Views are frozen-fiel
 whose peek_prefix walks a per-worker radix tree (the simulator's cost, paid inside the
 exact-tracker / Dynamo / llm-d decision). The cost model is the real StepCostModel
 (Llama-3.1-8B on L40). LBGR's approximate trackers are repro.kvcache caches when that
-package is importable, else a stand-in without eviction (the table says which).
+package is importable, else a stand-in without eviction (the table says which). With 1 s
+completions at ~12 req/s, about 12 requests are in flight, so LBGR's default in-flight trees
+hold prompts (a second peek per worker); lbgr[first] is the first reconstruction, side by side.
 
 Also printed, measured side by side in the same run: each router's p50 / cache-aware's p50.
 Target (issue 5): LBGR p50 <= 100 us at M = 10 with 4k-token prompts.
@@ -111,6 +113,14 @@ def routers(factory):
         "cache_aware": CacheAwareRouter,  # auto -> text (GSP requests carry text)
         "cache_aware[tokens]": lambda: CacheAwareRouter(match_on="tokens"),
         "lbgr": lambda: LBGRRouter(cache_factory=factory),  # paper rows: approximate tracker
+        # the first reconstruction (tracker updated on dispatch, batch-1 service, plain RLS)
+        "lbgr[first]": lambda: LBGRRouter(
+            cache_factory=factory,
+            tracker_update="dispatch",
+            service_model="batch1",
+            rls_regularization=0.0,
+            min_load_weight=None,
+        ),
         "lbgr[exact]": lambda: LBGRRouter(tracker="exact"),
         "dynamo": DynamoRouter,
         "llmd": LLMDRouter,
