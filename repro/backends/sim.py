@@ -53,8 +53,16 @@ def kv_capacities(cfg: DictConfig, num_workers: int) -> list[int]:
     return [_positive_int(cap, "kv_capacity_tokens(model, hardware, mem_fraction)")] * num_workers
 
 
-def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -> CellResult:
-    """Simulate one grid cell; `progress(fraction finished)` is called now and then."""
+def run_cell(
+    cfg: DictConfig,
+    progress: Callable[[float], None] | None = None,
+    wrap_router: Callable[[Any], Any] | None = None,
+) -> CellResult:
+    """Simulate one grid cell; `progress(fraction finished)` is called now and then.
+
+    `wrap_router(router)` may return a wrapper the cell routes through instead (diagnostics
+    record every decision this way: repro/routing/lbgr_diagnostics.py).
+    """
     import hydra.utils
 
     import repro.costmodel as costmodel
@@ -75,6 +83,8 @@ def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -
     workload = workloads.build_workload(cfg.workload, seeds.workload)
     caches = [kvcache.make_cache(cap, cfg.eviction, s) for cap, s in zip(capacities, seeds.workers)]
     router = hydra.utils.instantiate(cfg.router)
+    if wrap_router is not None:
+        router = wrap_router(router)
 
     sim = SimCluster(workload.requests, caches, cost_model, router, scheduler, str(eviction_name), seeds.router)
     result = sim.run(progress)

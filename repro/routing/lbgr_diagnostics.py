@@ -132,29 +132,18 @@ class DiagnosticRouter(Router):
 
 
 def run_instrumented(cfg) -> tuple[dict, DiagnosticRouter]:
-    """Run the cell `cfg` (as run_cell does) with the router wrapped; (summary dict, recorder)."""
-    import hydra.utils
-
-    import repro.costmodel as costmodel
-    import repro.kvcache as kvcache
-    import repro.workloads as workloads
-    from repro.backends.sim import _plain, kv_capacities
+    """Run the cell `cfg` exactly as the harness does, with the router wrapped; (summary dict, recorder)."""
+    from repro.backends.sim import run_cell
     from repro.metrics.summary import summarize
-    from repro.sim.cluster import SeedPlan, SimCluster
-    from repro.sim.worker import SchedulerConfig
 
-    m = int(cfg.cluster.num_workers)
-    scheduler = SchedulerConfig.from_config(_plain(cfg.cluster.get("scheduler")))
-    seeds = SeedPlan.spawn(cfg.seed, m)
-    capacities = kv_capacities(cfg, m)
-    cost_model = costmodel.StepCostModel.from_config(cfg.model, cfg.hardware)
-    workload = workloads.build_workload(cfg.workload, seeds.workload)
-    caches = [kvcache.make_cache(cap, cfg.eviction, s) for cap, s in zip(capacities, seeds.workers)]
-    recorder = DiagnosticRouter(hydra.utils.instantiate(cfg.router))
-    sim = SimCluster(workload.requests, caches, cost_model, recorder, scheduler, str(cfg.eviction.name), seeds.router)
-    result = sim.run()
-    summary = summarize(result.records)
-    return summary, recorder
+    recorders: list[DiagnosticRouter] = []
+
+    def wrap(router):
+        recorders.append(DiagnosticRouter(router))
+        return recorders[-1]
+
+    result = run_cell(cfg, wrap_router=wrap)
+    return summarize(result.records), recorders[0]
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
