@@ -5,7 +5,7 @@ Per layer, on one GPU (tensor-parallel shards divide every FLOP and byte by tp):
     gemm(T)    = smax(T * 2 P_dense / (eta_gemm F),  P_dense * w / (eta_weights B))
     experts(T) = smax(T * 2 k P_exp / (eta_expert F), D(T) * P_exp * w / (eta_weights B))   [MoE only]
                  D(T) = E (1 - (1 - k/E)^T): expected distinct experts T tokens touch (uniform top-k routing)
-    prefill    = smax(t_cpu,  t_floor + gemm(T) + experts(T) + W * 4 H d / (eta_attn F_bf16))
+    prefill    = smax(t_cpu + [prefix] t_cpu_prefix,  t_floor + gemm(T) + experts(T) + W * 4 H d / (eta_attn F_bf16))
     decode     = t_floor + gemm(b) + experts(b) + C * smax(4 H d / (eta_attn F_bf16), kv / (eta_kv B))
     head(rows) = smax(rows * 2 V h / (eta_gemm F_bf16), V h * 2 / (eta_head B))      (LM head, bf16)
 
@@ -20,6 +20,38 @@ the hard max). Each kernel family (weight GEMMs, expert GEMMs, attention) is bou
 and the families add up, because they run one after another. Prefill runs eagerly, so its host
 launch time t_cpu overlaps the GPU work (smax again); decode runs in CUDA graphs (no host term).
 
+Cached-prefix overhead t_cpu_prefix ([prefix] = 1 when a prefilled request attends to a cached
+prefix, else 0). In the profile, small (launch-bound) prefills take one time without a cached prefix
+and a higher, c-independent time with one (8B, 16-64 new tokens: 0.39-0.42 ms per layer at c = 0,
+0.58-0.72 ms at c = 2k-16k; the repeat run shows the same step, smaller: 0.49-0.50 vs 0.60-0.62 ms),
+while from 1024 new tokens on the step hides under the GPU work. We take it as host time, not GPU
+time: the profiled eager PyTorch layer calls SDPA with plain `is_causal` without a prefix but with a
+lower-right causal mask with one, and that path does more per-layer host work before the same
+attention FLOPs (which part -- input checks, backend selection, mask construction -- was not
+measured). So it adds to the host launch time and overlaps GPU work like t_cpu. It does not grow
+with c: small-prefill times are flat from c = 2k to 16k, and a term linear in c instead fits the 8B
+profile worse (in-sample MRE 8.0 % vs 3.8 %; see calibrate). One fitted number per model; it may
+come out ~0 where the data do not need it.
+  - It is a property of the profiled eager implementation (PyTorch version, host CPU), not of the
+    GPU: like t_cpu it is assumed the same on every card (assumption, not measured). On slower cards
+    small prefills are GPU-bound and it mostly hides under the GPU work (8B, 128 new on 2048 cached:
+    +8 % on the L40, +31 % on the A100, +60 % on the H200).
+  - A real SGLang server has the same kind of switch (its attention backends run extra kernels, e.g.
+    a paged-prefix pass and a merge, when any request of the batch has a prefix: `extend_no_prefix`)
+    but its size there was not measured; the profiled value is used as is.
+  - Per step, not per request: charged once when ANY prefilled request of the step has a cached
+    prefix (as SGLang's batch-level switch). Callers that know it pass `prefill_has_cached_prefix`;
+    otherwise it is derived from (T, W): the step has a prefix iff W > T^2 / 2, i.e. its attention
+    work exceeds that of its T new tokens as one fresh sequence. That is exact for one request
+    (W - T^2/2 = n c) and for any batch without prefixes (W = sum n_i^2 / 2 < T^2 / 2); a batch WITH
+    prefixes counts only if sum n_i c_i > sum_{i<j} n_i n_j (prefixes long against the co-batched new
+    tokens). A miss under-charges by at most layers x t_cpu_prefix, and only while the step is
+    launch-bound (on the H200, 8B prefills under ~1k new tokens).
+  - Monotonicity: every time is non-decreasing in tokens, attention work, batch, context and the flag
+    (prefill_time_s(n, c) in n and in c: c = 0 -> c > 0 steps up). With the derived flag, adding new
+    tokens at FIXED attention work can switch the flag off (same work spread over fresher sequences);
+    that is the only way a step gets cheaper (tested).
+
 Choices the paper leaves open:
 - A step holding both a prefill batch and a decode batch costs the SUM of the two forwards:
   SGLang (without --enable-mixed-chunk, its default) runs them as separate forward passes.
@@ -32,7 +64,8 @@ Choices the paper leaves open:
 - Scheduler CPU time between steps and sampling are not modelled (not in the profile).
 - Other GPUs: every efficiency is a fraction of the datasheet peak, fitted on the H200, and is
   assumed to carry over to any card (with its own datasheet FLOP/s and bandwidth); the floors
-  t_cpu and t_floor are assumed hardware independent. This is an assumption, not a measurement.
+  t_cpu, t_cpu_prefix and t_floor are assumed hardware independent. This is an assumption, not a
+  measurement.
 - FP8 weights: weight bytes halve and weight GEMMs use the card's FP8 tensor peak when it has
   one (A100 has none: weight-only FP8 at the bf16 rate); attention and LM head stay bf16.
 - tensor_parallel = tp > 1 (not in the profile): per-GPU terms divide by tp and each layer adds
@@ -79,6 +112,7 @@ class StepCostModel:
         self._p = float(c.p)
         self._inv_p = 1.0 / float(c.p)
         self._t_cpu = float(c.t_cpu_s)
+        self._t_cpu_with_prefix = float(c.t_cpu_s) + float(c.t_cpu_prefix_s)
         self._t_floor = float(c.t_floor_s)
         # Dense weight GEMMs: seconds per token (compute side) and per step (weight read).
         self._gemm_tok = 2.0 * model.dense_params_per_layer / tp / (c.eta_gemm * f_gemm)
@@ -154,8 +188,15 @@ class StepCostModel:
             t += self._smax(tokens * self._exp_tok, distinct * self._exp_read)
         return t
 
-    def layer_prefill_s(self, new_tokens: float, attn_work: float) -> float:
-        """One layer of a prefill forward over `new_tokens` with attention work `attn_work`."""
+    def layer_prefill_s(self, new_tokens: float, attn_work: float, has_cached_prefix: bool | None = None) -> float:
+        """One layer of a prefill forward over `new_tokens` with attention work `attn_work`.
+
+        `has_cached_prefix`: whether a prefilled request attends to a cached prefix (None: derived,
+        attn_work > new_tokens^2 / 2; see the module docstring).
+        """
+        if has_cached_prefix is None:
+            has_cached_prefix = attn_work > 0.5 * new_tokens * new_tokens
+        host = self._t_cpu_with_prefix if has_cached_prefix else self._t_cpu
         gpu = (
             self._t_floor
             + self._weights_s(new_tokens)
@@ -163,7 +204,7 @@ class StepCostModel:
             + self._ar_step
             + new_tokens * self._ar_tok
         )
-        return self._smax(self._t_cpu, gpu)
+        return self._smax(host, gpu)
 
     def layer_decode_s(self, batch: float, context_tokens: float) -> float:
         """One layer of a decode step: `batch` requests holding `context_tokens` KV tokens in total."""
@@ -186,11 +227,14 @@ class StepCostModel:
         prefill_attn_work: float,
         decode_batch: float,
         decode_context_tokens: float,
+        prefill_has_cached_prefix: bool | None = None,
     ) -> float:
         """Seconds of one scheduler step: a prefill forward and/or a decode forward (summed).
 
         `prefill_attn_work` = sum over the prefilled requests of n (c + n/2) (n new, c cached);
-        `decode_context_tokens` = KV tokens held by the whole decode batch.
+        `decode_context_tokens` = KV tokens held by the whole decode batch;
+        `prefill_has_cached_prefix` = whether any prefilled request has c > 0 (None: derived from
+        the attention work, exact for one request; see the module docstring).
         """
         if prefill_tokens < 0 or prefill_attn_work < 0 or decode_batch < 0 or decode_context_tokens < 0:
             raise ValueError(
@@ -219,7 +263,9 @@ class StepCostModel:
                 + self._ar_step
                 + prefill_tokens * self._ar_tok
             )
-            x = self._t_cpu
+            if prefill_has_cached_prefix is None:
+                prefill_has_cached_prefix = prefill_attn_work + prefill_attn_work > prefill_tokens * prefill_tokens
+            x = self._t_cpu_with_prefix if prefill_has_cached_prefix else self._t_cpu
             if x < gpu:
                 x, gpu = gpu, x
             layer = x * (1.0 + (gpu / x) ** p) ** inv_p if gpu > 0.0 else x
@@ -257,7 +303,7 @@ class StepCostModel:
         """One request prefilled alone: `new_tokens` on top of `cached_tokens` already in the cache."""
         if cached_tokens < 0:
             raise ValueError(f"prefill_time_s: cached_tokens={cached_tokens} < 0")
-        return self.step_time_s(new_tokens, new_tokens * (cached_tokens + new_tokens / 2.0), 0, 0)
+        return self.step_time_s(new_tokens, new_tokens * (cached_tokens + new_tokens / 2.0), 0, 0, cached_tokens > 0)
 
     def decode_time_s(self, batch: float, context_tokens: float) -> float:
         """One decode step of `batch` requests holding `context_tokens` KV tokens in total."""

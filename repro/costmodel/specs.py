@@ -183,6 +183,9 @@ class Coefficients:
     Efficiencies are fractions of the datasheet peak (compute: bf16 dense tensor FLOP/s; memory:
     DRAM bandwidth) and carry over to other GPUs unchanged; the floors are seconds per layer and
     carry over unchanged too (assumption: same host, same runtime).
+
+    `t_cpu_prefix_s` is optional in a config (default 0 = the form without it), so configs saved
+    with results before it existed load and reproduce their numbers exactly.
     """
 
     eta_gemm: float  # dense weight GEMMs, compute-bound side
@@ -193,10 +196,22 @@ class Coefficients:
     t_cpu_s: float  # per-layer host launch time of a prefill (eager), overlapped with GPU work
     t_floor_s: float  # per-layer fixed GPU time (small kernels, gaps), every step
     p: float  # sharpness of the soft max between overlapping bounds (p -> inf: hard max)
+    t_cpu_prefix_s: float = 0.0  # extra per-layer host time of a prefill that attends to a cached prefix
     eta_expert: float | None = None  # MoE grouped expert GEMMs, compute-bound side
     fitted_on: str | None = None
 
-    NAMES_DENSE = ("eta_gemm", "eta_weights", "eta_attn", "eta_kv", "eta_head", "t_cpu_s", "t_floor_s", "p")
+    NAMES_DENSE = (
+        "eta_gemm",
+        "eta_weights",
+        "eta_attn",
+        "eta_kv",
+        "eta_head",
+        "t_cpu_s",
+        "t_cpu_prefix_s",
+        "t_floor_s",
+        "p",
+    )
+    OPTIONAL = {"t_cpu_prefix_s": 0.0}  # name -> value when a config does not set it
 
     def names(self, moe: bool) -> tuple[str, ...]:
         return self.NAMES_DENSE + (("eta_expert",) if moe else ())
@@ -303,7 +318,7 @@ def coefficients_from_config(model_cfg: Any, spec: ModelSpec) -> Coefficients:
     values: dict[str, float] = {}
     names = Coefficients.NAMES_DENSE + (("eta_expert",) if spec.is_moe else ())
     for key in names:
-        value = float(_get(coef, key, where))
+        value = float(_get(coef, key, where, default=Coefficients.OPTIONAL.get(key, ...)))
         if key.startswith("eta_") and not 0 < value <= 2.0:
             raise CostModelConfigError(f"{where}: {key}={value} must be in (0, 2] (a fraction of peak)")
         if key.endswith("_s") and value < 0:

@@ -13,7 +13,11 @@ def soft_max(x: float, y: float, p: float) -> float:
     return (x**p + y**p) ** (1.0 / p)
 
 
-def reference_step_time_s(model_cfg: dict, hw_cfg: dict, coef: dict, prefill_tokens, attn_work, decode_batch, decode_context):
+def reference_step_time_s(
+    model_cfg: dict, hw_cfg: dict, coef: dict, prefill_tokens, attn_work, decode_batch, decode_context, has_prefix=None
+):
+    """has_prefix: whether the prefill attends to a cached prefix; None: its attention work exceeds
+    that of its new tokens as one fresh causal sequence (n^2 / 2)."""
     a = model_cfg["architecture"]
     layers, h, heads, kv_heads, d = a["num_layers"], a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"], a["head_dim"]
     inter, vocab = a["intermediate_size"], a["vocab_size"]
@@ -68,7 +72,10 @@ def reference_step_time_s(model_cfg: dict, hw_cfg: dict, coef: dict, prefill_tok
     if prefill_tokens > 0:
         attn = attn_work * 4 * heads * d / tp / (coef["eta_attn"] * f_bf16)
         gpu = coef["t_floor_s"] + weight_gemms(prefill_tokens) + attn + allreduce(prefill_tokens)
-        layer = soft_max(coef["t_cpu_s"], gpu, p)
+        if has_prefix is None:
+            has_prefix = attn_work > prefill_tokens**2 / 2
+        host = coef["t_cpu_s"] + (coef.get("t_cpu_prefix_s", 0.0) if has_prefix else 0.0)
+        layer = soft_max(host, gpu, p)
         total += layers * layer + head(1)
     if decode_batch > 0:
         attn = soft_max(

@@ -55,6 +55,7 @@ def test_fit_recovers_the_generating_model(model):
         t_cpu_s=4e-4,
         t_floor_s=3e-5,
         p=2.5,
+        t_cpu_prefix_s=2e-4,
         eta_expert=0.45 if spec.is_moe else None,
     )
     prefill, decode, head = synthetic(spec, truth)
@@ -68,6 +69,30 @@ def test_fit_recovers_the_generating_model(model):
     assert coef.eta_attn == pytest.approx(truth.eta_attn, rel=0.05)
     assert coef.eta_kv == pytest.approx(truth.eta_kv, rel=0.05)
     assert coef.t_cpu_s == pytest.approx(truth.t_cpu_s, rel=0.1)
+    if not spec.is_moe:  # 8B: small prefills are launch-bound, so the cached-prefix host term is visible
+        assert coef.t_cpu_prefix_s == pytest.approx(truth.t_cpu_prefix_s, rel=0.1)
+
+
+def test_fit_finds_no_prefix_term_where_the_data_have_none():
+    """Data generated without the cached-prefix term: its fitted value is ~0 and the fit stays exact."""
+    spec = model_spec_from_config(load_conf("model", "llama31_8b"))
+    truth = Coefficients(0.62, 0.55, 0.31, 0.85, 0.7, 4e-4, 3e-5, 2.5)
+    assert truth.t_cpu_prefix_s == 0.0
+    prefill, decode, head = synthetic(spec, truth)
+    coef = fit_coefficients(spec, H200, prefill, decode, head, compute_cap=CAP, floor_prior=0.0)
+    assert 0.0 <= coef.t_cpu_prefix_s < 0.02 * truth.t_cpu_s
+    assert mre(StepCostModel(profile_spec(spec), H200, coef), prefill) < 0.005
+
+
+def test_fit_on_the_real_profile_uses_the_exact_prefix_flag_and_keeps_it_nonnegative():
+    spec = model_spec_from_config(load_conf("model", "llama31_8b"))
+    pm = load_profile().models["llama-3.1-8b"]
+    assert {p.has_cached_prefix for p in pm.prefill} == {False, True}
+    assert all(p.has_cached_prefix == (p.cached_tokens > 0) for p in pm.prefill)
+    coef = fit_coefficients(spec, H200, pm.prefill, pm.decode, pm.head, compute_cap=CAP)
+    assert coef.t_cpu_prefix_s >= 0.0
+    # The profile's small prefills step up by ~0.2-0.3 ms per layer on a cached prefix: the fit sees it.
+    assert 1e-4 < coef.t_cpu_prefix_s < 4e-4
 
 
 def test_fit_respects_the_measured_ceiling():

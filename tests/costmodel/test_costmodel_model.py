@@ -27,6 +27,7 @@ coefficient_sets = st.fixed_dictionaries(
         "eta_head": st.floats(0.05, 1.0),
         "eta_expert": st.floats(0.05, 1.0),
         "t_cpu_s": st.floats(0.0, 2e-3),
+        "t_cpu_prefix_s": st.floats(0.0, 1e-3),
         "t_floor_s": st.floats(0.0, 5e-4),
         "p": st.floats(1.0, 12.0),
     }
@@ -63,11 +64,13 @@ def _build(model: str, hw: str, coef: dict | None, **overrides) -> tuple[StepCos
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("hw", HARDWARE)
 @settings(max_examples=25, deadline=None)
-@given(coef=coefficient_sets, inputs=step_inputs)
-def test_matches_reference_on_random_inputs(model, hw, coef, inputs):
+@given(coef=coefficient_sets, inputs=step_inputs, has_prefix=st.sampled_from([None, False, True]))
+def test_matches_reference_on_random_inputs(model, hw, coef, inputs, has_prefix):
     fast, cfg = build(model, hw, coef)
-    expected = reference_step_time_s(cfg, CFG_HW[hw], coef, *inputs)
-    assert fast.step_time_s(*inputs) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    expected = reference_step_time_s(cfg, CFG_HW[hw], coef, *inputs, has_prefix)
+    assert fast.step_time_s(*inputs, has_prefix) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    if has_prefix is None:  # the default derives the flag
+        assert fast.step_time_s(*inputs) == fast.step_time_s(*inputs, None)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,92 @@ def test_more_work_is_never_cheaper(model, hw, inputs, which, more):
     base = list(inputs)
     bigger = list(inputs)
     bigger[which] += int(more) if which in (0, 2, 3) else more
-    assert cm.step_time_s(*bigger) >= cm.step_time_s(*base)
+    for flag in (False, True):  # a given cached-prefix flag: monotone in every input
+        assert cm.step_time_s(*bigger, flag) >= cm.step_time_s(*base, flag)
+    # Derived flag (attention work > tokens^2 / 2): more attention work, batch or context never
+    # cheaper; more new tokens at the same attention work only by switching the flag off.
+    if cm.step_time_s(*bigger) < cm.step_time_s(*base):
+        assert which == 0
+        assert _derived_flag(*base) and not _derived_flag(*bigger)
+
+
+def _derived_flag(tokens, attn_work, *_):
+    return attn_work > tokens * tokens / 2
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("hw", HARDWARE)
+@settings(max_examples=25, deadline=None)
+@given(inputs=step_inputs)
+def test_cached_prefix_flag_never_makes_a_step_cheaper(model, hw, inputs):
+    cm, cfg = build(model, hw)
+    with_prefix, without = cm.step_time_s(*inputs, True), cm.step_time_s(*inputs, False)
+    assert with_prefix >= without
+    if inputs[0] == 0:  # no prefill: the flag does nothing
+        assert with_prefix == without
+
+
+@pytest.mark.parametrize("model", MODELS)
+@settings(max_examples=40, deadline=None)
+@given(new=st.integers(1, 20_000), cached=st.integers(0, 100_000))
+def test_flag_derivation_is_exact_for_one_request(model, new, cached):
+    cm, _ = build(model, "h200")
+    attn = new * (cached + new / 2)
+    assert _derived_flag(new, attn) == (cached > 0)
+    assert cm.step_time_s(new, attn, 0, 0) == cm.prefill_time_s(new, cached)
+    assert cm.step_time_s(new, attn, 0, 0, cached > 0) == cm.prefill_time_s(new, cached)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=12))
+def test_flag_derivation_batches(sizes):
+    """A batch without prefixes never gets the flag; one whose prefixes are long against its new tokens does."""
+    tokens = sum(sizes)
+    fresh = sum(n * n / 2 for n in sizes)
+    assert not _derived_flag(tokens, fresh)
+    cm, _ = build("llama31_8b", "h200")
+    assert cm.step_time_s(tokens, fresh, 0, 0) == cm.step_time_s(tokens, fresh, 0, 0, False)
+    long_prefix = fresh + sum(n * tokens for n in sizes)  # every request has c_i = tokens cached
+    assert _derived_flag(tokens, long_prefix)
+    assert cm.step_time_s(tokens, long_prefix, 0, 0) == cm.step_time_s(tokens, long_prefix, 0, 0, True)
+
+
+def test_cached_prefix_steps_up_small_prefills_on_the_profiled_gpu():
+    """8B on the H200: a 64-token prefill costs more on top of any cached prefix, by about the host term."""
+    cm, cfg = build("llama31_8b", "h200")
+    extra = cfg["architecture"]["num_layers"] * cfg["cost_model"]["t_cpu_prefix_s"]
+    assert extra > 0
+    fresh = cm.prefill_time_s(64, 0)
+    for cached in (1, 2048, 16384):
+        step = cm.prefill_time_s(64, cached) - fresh
+        assert 0.5 * extra < step < 1.5 * extra
+    # Flat in the cached length while launch-bound (the term does not grow with c).
+    assert cm.prefill_time_s(64, 16384) / cm.prefill_time_s(64, 1) < 1.1
+
+
+def test_config_without_the_prefix_term_gives_the_old_numbers():
+    """Configs saved before t_cpu_prefix_s existed load (it defaults to 0) and reproduce their times.
+
+    The coefficients are the 8B ones committed before the term; the expected times were printed by
+    that version of the model (git show aead4a6:conf/model/llama31_8b.yaml, on L40)."""
+    old = {
+        "fitted_on": "h200",
+        "eta_gemm": 0.71575,
+        "eta_weights": 0.57383,
+        "eta_attn": 0.27646,
+        "eta_kv": 0.92262,
+        "eta_head": 0.81137,
+        "t_cpu_s": 0.00048067,
+        "t_floor_s": 1e-09,
+        "p": 1.841,
+    }
+    cm, _ = build("llama31_8b", "l40", old)
+    assert cm.coefficients.t_cpu_prefix_s == 0.0
+    assert cm.prefill_time_s(2048, 0) == pytest.approx(0.24757616280913372, rel=1e-12)
+    assert cm.prefill_time_s(128, 2048) == pytest.approx(0.040374890594472315, rel=1e-12)
+    assert cm.decode_time_s(32, 32 * 2048) == pytest.approx(0.0408163870918251, rel=1e-12)
+    mixed = (300, 300 * (1000 + 150) + 200 * 100, 4, 9000)
+    assert cm.step_time_s(*mixed) == pytest.approx(0.08373786452620145, rel=1e-12)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -117,7 +205,7 @@ def test_more_work_is_never_cheaper(model, hw, inputs, which, more):
 def test_request_level_times_are_monotone(model, new, cached, batch, ctx, d_tok, d_ctx):
     cm, _ = build(model, "l40")
     assert cm.prefill_time_s(new + d_tok, cached) >= cm.prefill_time_s(new, cached)
-    assert cm.prefill_time_s(new, cached + d_ctx) >= cm.prefill_time_s(new, cached)
+    assert cm.prefill_time_s(new, cached + d_ctx) >= cm.prefill_time_s(new, cached)  # incl. the c = 0 -> c > 0 step
     assert cm.decode_time_s(batch + d_tok, ctx) >= cm.decode_time_s(batch, ctx)
     assert cm.decode_time_s(batch, ctx + d_ctx) >= cm.decode_time_s(batch, ctx)
 
