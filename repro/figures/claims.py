@@ -555,66 +555,78 @@ CLAIMS: tuple[Claim, ...] = (
 # limited_kv_cache_tokens); a verdict that changes hides its stale explanation.
 NOTES: dict[str, str] = {  # shared explanations, cited in WHY as [key] and listed under the table
     "light-load": "Little queueing: even with the limited KV budgets, at 12 req/s and 4 output tokens Cache-Aware+LRU "
-                  "serves GSP, ShareGPT and UltraChat at the offered rate with P50 0.16-0.22 s, so latency is mostly "
+                  "serves GSP, ShareGPT and UltraChat at the offered rate with P50 0.15-0.21 s, so latency is mostly "
                   "service time and no router can win 10x. We believe the paper's ratios come from baselines stuck "
                   "in long queues, which our simulated L40 workers (step costs scaled from an H200 fit) do not reach "
-                  "at this rate; only Random/RoundRobin queue (P50 0.4-0.8 s on GSP).",
-    "lbgr-hit": "LBGR spreads prefix groups more than Cache-Aware: its hit rate is 4-11 % lower on every benchmark "
-                "(GSP 0.71 vs 0.76, ShareGPT 0.43 vs 0.48), which costs more than its balance gains at this load; it "
-                "does cut the P95 latency on ShareGPT (1.23x) and UltraChat (1.62x).",
-    "rlt-small": "RLT changes Cache-Aware's hit rate by about 1 percentage point (GSP 0.764 vs 0.759, ShareGPT 0.492 "
+                  "at this rate; only Random/RoundRobin queue (P50 0.49-0.97 s on GSP).",
+    "lbgr-hit": "LBGR spreads prefix groups a little more than Cache-Aware: LBGR+RLT's hit rate is lower on every "
+                "benchmark (GSP 0.72 vs 0.76, ShareGPT 0.42 vs 0.48, UltraChat 0.40 vs 0.44, LooGLE 0.64 vs 0.66). "
+                "Its median latency stays within 4 % of Cache-Aware's on GSP, ShareGPT and UltraChat (GSP P50 TTFT "
+                "0.050 vs 0.041 s), while its balance cuts the tail: P95 latency 1.26x lower on ShareGPT, 2.29x on "
+                "UltraChat.",
+    "rlt-small": "RLT changes Cache-Aware's hit rate by about 1 percentage point (GSP 0.767 vs 0.759, ShareGPT 0.489 "
                  "vs 0.481) under the limited budgets. We believe random arrival order rarely makes LRU's choice "
                  "adversarial here, so randomized marking has little to fix.",
     "loogle": "LooGLE (synthetic stand-in, 21-36k-token documents, memory-formula budget) is overloaded: 12 req/s is "
-              "~10x what the workers serve (0.3-1.3 req/s), caches thrash, and LBGR's hit rate (0.33) is half of "
-              "Cache-Aware's (0.65) - it spreads a document's questions over workers; the cause is not isolated yet.",
+              "9-18x what the workers serve (0.7-1.4 req/s), so latency is set by the backlog (P50 400-790 s). "
+              "LBGR keeps a document's questions together about as well as Cache-Aware (hit rate 0.64 vs 0.66) but "
+              "serves 1.18 vs 1.32 req/s, so its backlog and tail are longer (P95 745 vs 641 s).",
     "fig7-formula": "Fig. 7 sweeps memory, so it keeps the memory formula (61,739-209,157 tokens/worker, more than the "
-                    "limited budgets): Cache-Aware and LBGR evict only at 50 % and nothing from 60 % on (RLT = LRU), "
-                    "while Random/RoundRobin lose hit rate as memory shrinks - so the gap narrows as the cache grows.",
+                    "limited budgets): Cache-Aware never evicts (identical results at every fraction, RLT = LRU) and "
+                    "LBGR hardly does, while Random/RoundRobin lose hit rate as memory shrinks (0.71 at 0.9 to 0.37 "
+                    "at 0.5) - so the gap narrows as the cache grows.",
 }
 _PAPER_GAP = "[light-load] [lbgr-hit] [loogle]"
 WHY: dict[str, dict[str, str]] = {
-    "fig2.ours_beat_baselines": {PARTLY: "LBGR+LRU/RLT trail Cache-Aware+LRU on GSP and LooGLE, and CacheAware+RLT "
-                                 "ties it [lbgr-hit] [rlt-small]; all three beat Random and RoundRobin almost "
-                                 "everywhere."},
+    "fig2.ours_beat_baselines": {PARTLY: "LBGR+LRU/RLT trail Cache-Aware+LRU on GSP's medians (P50 TTFT 0.045 / "
+                                 "0.050 vs 0.041 s) and on LooGLE; CacheAware+RLT ties or trails it on ShareGPT, "
+                                 "UltraChat and LooGLE [lbgr-hit] [rlt-small] [loogle]; all three beat Random and "
+                                 "RoundRobin almost everywhere."},
     "fig2.lbgr_rlt_lowest": {NOT: "[lbgr-hit] [loogle]"},
     "fig2.lbgr_rlt_highest_hit_tput": {NOT: "[lbgr-hit] Throughput equals the offered load except on LooGLE [loogle]."},
     **{k: {NOT: _PAPER_GAP} for k in ("fig2.p50_latency_vs_ca", "fig2.p50_ttft_vs_ca", "fig2.hit_vs_ca",
-                                      "fig2.tput_vs_ca", "fig2.p95_ttft_vs_ca", "fig2.lbgr_lru_latency",
-                                      "fig2.lbgr_lru_ttft")},
-    "fig2.p95_latency_vs_ca": {PARTLY: "Mean 1.01x: better on ShareGPT (1.23x) and UltraChat (1.62x), worse on GSP "
-                               "(0.92x) and LooGLE (0.25x) [loogle]."},
-    "fig2.p50_latency_vs_random": {PARTLY: "Same direction, 2.4x (5x on GSP, where Random's hit rate falls to 0.18); "
-                                   "the rest of the paper's gap is queueing we do not reproduce [light-load]."},
-    "fig2.p50_ttft_vs_random": {PARTLY: "Same direction, 3.0x (7x on GSP); the rest of the paper's gap is queueing "
+                                      "fig2.tput_vs_ca", "fig2.lbgr_lru_ttft")},
+    "fig2.p95_latency_vs_ca": {REPRODUCED: "Carried by UltraChat (2.29x) and ShareGPT (1.26x); 1.08x on GSP and 0.86x "
+                               "on LooGLE [loogle]. LBGR's gain is in the tail, not the median [lbgr-hit]."},
+    "fig2.p95_ttft_vs_ca": {PARTLY: "Same direction, 1.28x (UltraChat 2.07x, ShareGPT 1.13x, GSP 1.03x, LooGLE "
+                            "0.89x): just outside a factor 2 of 2.62x [lbgr-hit] [loogle]."},
+    "fig2.lbgr_lru_latency": {PARTLY: "Same direction by 1 % on average: LBGR+LRU is 4-5 % faster on ShareGPT and "
+                              "UltraChat, 1-6 % slower on GSP and LooGLE; nowhere near 10x [light-load] [lbgr-hit]."},
+    "fig2.p50_latency_vs_random": {PARTLY: "Same direction, 2.8x (6.1x on GSP, where Random's hit rate falls to "
+                                   "0.18); the rest of the paper's gap is queueing we do not reproduce [light-load]."},
+    "fig2.p50_ttft_vs_random": {PARTLY: "Same direction, 3.6x (8.9x on GSP); the rest of the paper's gap is queueing "
                                 "we do not reproduce [light-load]."},
     "fig2.ca_rlt_latency": {NOT: "[rlt-small] On LooGLE RLT is 2 % slower."},
     "fig2.ca_rlt_ttft": {PARTLY: "Mean 1.00x, 1.04x on GSP: [rlt-small]"},
     "fig3.ours_beat_baselines": {PARTLY: "On H200 the systems differ by a few %; CacheAware+RLT ties or trails "
                                  "Cache-Aware+LRU and RoundRobin on P50 [rlt-small] [light-load]."},
-    "fig3.lbgr_rlt_best": {PARTLY: "LBGR+RLT has the lowest P50 latency and TTFT and the highest throughput on both "
-                           "models, but not the highest hit rate [lbgr-hit]."},
+    "fig3.lbgr_rlt_best": {NOT: "LBGR+RLT has the highest throughput on both models, but LBGR+LRU is as fast or "
+                           "faster (P50 0.115 vs 0.116 s on 70B, 0.089 vs 0.090 s on Mixtral) and Cache-Aware keeps "
+                           "the higher hit rate (0.47 vs 0.43 on 70B, 0.47 vs 0.37 on Mixtral) [lbgr-hit]."},
     "fig3.latency_vs_best_baseline": {PARTLY: "Same direction, 1-4 % instead of 38 % [light-load]."},
-    "fig3.ttft_vs_best_baseline": {PARTLY: "Same direction, under 1.5 % instead of 44.87 % [light-load]."},
-    "fig4.lbgr_rlt_best": {NOT: "Every system is overloaded ~10x on LooGLE (at most 0.94 of 12 req/s served), so "
-                           "latency is set by the backlog (640-860 s P50); LBGR's hit rate (0.25 vs Cache-Aware's "
-                           "0.50) cuts its throughput to 0.27 req/s and stretches its tail [loogle]."},
-    "fig4.latency_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a ~650 s backlog, so "
-                           "their medians tie [loogle]."},
-    "fig4.ttft_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a ~650 s backlog, so their "
-                        "medians tie [loogle]."},
-    "fig5.lbgr_rlt_lowest": {NOT: "Cache-Aware is fastest at most rates [lbgr-hit]; at 16 req/s LBGR's hit rate drops "
-                             "to 0.57 (P50 0.33 s vs 0.17 s)."},
+    "fig3.ttft_vs_best_baseline": {PARTLY: "Same direction, 1-3 % instead of 44.87 % [light-load]."},
+    "fig4.lbgr_rlt_best": {PARTLY: "Every system is overloaded ~13x on LooGLE (at most 0.94 of 12 req/s served), so "
+                           "latency is set by the backlog (620-860 s P50). LBGR+RLT has the lowest medians and the "
+                           "highest hit rate (0.51 vs Cache-Aware's 0.50) but serves 0.86 vs 0.94 req/s, so its "
+                           "tail is longer (P95 1033 vs 961 s) [loogle]."},
+    "fig4.latency_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a 620-650 s backlog, so "
+                           "their medians differ by 4 % [loogle]."},
+    "fig4.ttft_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a 590-640 s backlog, so "
+                        "their medians differ by 8 % [loogle]."},
+    "fig5.lbgr_rlt_lowest": {NOT: "LBGR+RLT's hit rate is 3-7 points below Cache-Aware's at every rate (0.69 vs 0.76 "
+                             "at 8 req/s), so Cache-Aware+RLT or LBGR+LRU is faster at every rate [lbgr-hit]; "
+                             "LBGR+LRU has the lowest P95 latency from 12 req/s on."},
     "fig5.lbgr_rlt_highest": {PARTLY: "Throughput equals the offered rate for every system; Cache-Aware keeps the "
                               "higher hit rate [lbgr-hit]."},
-    "fig6.lbgr_rlt_beats_baselines": {NOT: "It loses to Cache-Aware+LRU: at 2 workers (overloaded) Cache-Aware's higher "
-                                      "hit rate wins (P50 1.74 s vs 2.73 s) [lbgr-hit]; from 6 workers both sit at "
-                                      "0.131 s (a tie is not 'beats')."},
+    "fig6.lbgr_rlt_beats_baselines": {PARTLY: "At 2 workers (overloaded) LBGR+RLT has the lowest P50 latency (1.96 vs "
+                                      "2.23 s) but a longer tail (P95 5.8 vs 4.5 s) and lower throughput; at 4 "
+                                      "Cache-Aware's higher hit rate wins the medians [lbgr-hit]; from 6 workers "
+                                      "the caches hold almost everything and LBGR wins or ties (P95 0.31 vs 0.34 s at 6)."},
     "fig6.tput_higher_small": {NOT: "At 4 workers every system keeps up (11.7 req/s); at 2 workers LBGR+RLT serves "
-                               "11.3 vs Cache-Aware's 11.4 req/s [lbgr-hit]."},
+                               "11.1 vs Cache-Aware's 11.5 req/s [lbgr-hit]."},
     "fig7.ours_beat_baselines": {PARTLY: "[fig7-formula]"},
     "fig7.gap_widens": {NOT: "[fig7-formula]"},
-    "tab2.ca_rlt_all_metrics": {REPRODUCED: "By small margins (P50 latency -1.5 %, hit rate +0.5 points) [rlt-small]."},
+    "tab2.ca_rlt_all_metrics": {REPRODUCED: "By small margins (P50 latency -1.2 %, hit rate +0.8 points) [rlt-small]."},
     "tab2.ca_rlt_latency": {PARTLY: "[rlt-small]"},
     "tab2.ca_rlt_ttft": {PARTLY: "[rlt-small]"},
     **{k: {NOT: "[light-load] [lbgr-hit]"} for k in ("tab2.lbgr_lru_latency", "tab2.lbgr_lru_ttft",
@@ -629,13 +641,15 @@ WHY: dict[str, dict[str, str]] = {
                                 "SGLang's router: only the order of magnitude is comparable."},
     "fig10.ours_best": {PARTLY: "At ratio 0.1 (almost nothing shared) RoundRobin+LRU and Cache-Aware+LRU are fastest: "
                         "with little to reuse, balance wins; from 0.3 on one of our methods is best."},
-    "fig12.ours_best": {PARTLY: "Cache-Aware+LRU is fastest at 16 tokens. LBGR degrades sharply from 64 output tokens "
-                        "(P50 38 s vs 6.5 s for Cache-Aware at 128, hit rate 0.43 vs 0.70) - not diagnosed yet; "
-                        "CacheAware+RLT is the 'ours' that wins there."},
-    "tab3.rlt_beats_lru": {PARTLY: "On one worker RLT loses on GSP (hit rate 0.198 vs 0.208, P50 0.83 vs 0.80 s), wins "
-                           "narrowly on ShareGPT and LooGLE (< 1 %) and is mixed on UltraChat [rlt-small]."},
-    "fig14.timely_decay": {REPRODUCED: "Only at the longest interval: P50 is flat from 0.01 to 1 s (0.16-0.19 s) and "
-                           "jumps at 5 s (0.51 s)."},
+    "fig12.ours_best": {PARTLY: "Only at 16 output tokens is Cache-Aware+LRU's P50 TTFT the lowest (under 1 ms ahead "
+                        "of CacheAware+RLT). At 128 tokens LBGR's hit rate is 6-7 points below Cache-Aware's and its "
+                        "P50 latency 8-10 % higher; CacheAware+RLT is the 'ours' that wins there."},
+    "tab3.rlt_beats_lru": {PARTLY: "On one worker RLT loses on GSP (hit rate 0.194 vs 0.209, P50 1.03 vs 0.98 s) and "
+                           "on ShareGPT's hit rate (0.155 vs 0.159), and wins narrowly (under 3 %) on UltraChat and "
+                           "LooGLE [rlt-small]."},
+    "fig14.timely_decay": {REPRODUCED: "By 6 %: P50 0.149 s at the shortest interval, 0.157-0.160 s from 0.05 s to "
+                           "5 s. The first LBGR reconstruction jumped to 0.51 s at 5 s; why the current one is nearly "
+                           "flat is not isolated."},
 }
 
 
