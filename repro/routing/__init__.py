@@ -4,7 +4,8 @@ The same classes run inside the simulator and behind the live router service: th
 workers only through `WorkerView`, get time as `now_s`, and learn through
 `on_request_complete`. Lifecycle: `reset(workers, seed)` -> `select_worker(request, workers,
 now_s)` per arrival -> `on_request_complete(request, worker_id, latency_s, ttft_s,
-cached_tokens, now_s)` per completion.
+cached_tokens, now_s)` per completion, or (live service only) `on_request_abandoned(request,
+worker_id, now_s)` when the request will not complete on the worker it was routed to.
 """
 
 from repro.routing.base import Router, WorkerView, token_key

@@ -88,6 +88,11 @@ class Router:
     ) -> None:
         """Completion callback (ARCHITECTURE.md); default: nothing to learn."""
 
+    def on_request_abandoned(self, request: "Request", worker_id: int, now_s: float | None = None) -> None:
+        """The request routed to `worker_id` will not complete there (it failed, or the live
+        service served it on another worker): release what is held for it, learn nothing.
+        Default: nothing is held. The simulator never abandons a request."""
+
 
 def token_key(tokens: np.ndarray) -> bytes:
     """Packed little-endian int32 bytes of a token-id array: the radix-tree key format.

@@ -132,6 +132,10 @@ class CacheAwareRouter(Router):
         if self.loads[worker_id] > 0:
             self.loads[worker_id] -= 1
 
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        # completion only releases the request's slot here: abandoning is the same
+        self.on_request_complete(request, worker_id, 0.0, 0.0, 0, now_s)
+
     # ------------------------------------------------------------------ helpers
     def _pick_tenant(self, tenants: dict[int, float]) -> int:
         if self.tie_break == "index" or len(tenants) == 1:

@@ -178,3 +178,7 @@ class DynamoRouter(Router):
         pop = dict.pop  # dict's C pop: Counter.__delitem__ is Python code
         for h in hashes[keep:]:
             pop(active, h, None)
+
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        # completion only releases the request's active blocks here: abandoning is the same
+        self.on_request_complete(request, worker_id, 0.0, 0.0, 0, now_s)

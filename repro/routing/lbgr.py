@@ -479,6 +479,15 @@ class LBGRRouter(Router):
                 self.inflight.remove(key, worker)
             tracker_access(self.caches[worker], key + token_key(request.generated_tokens))
 
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        """Forget a request that will not complete on its worker: its in-flight prompt leaves
+        the tracker, nothing is learned, its cache tree is not touched (it produced no reply)."""
+        record = self.pending.pop(request.id, None)
+        if record is None:
+            return
+        if self.inflight is not None:
+            self.inflight.remove(token_key(request.prompt_tokens), record[0])
+
     # ------------------------------------------------------------------ decay
     def _advance(self, now_s: float) -> None:
         now_s = float(now_s)

@@ -104,6 +104,9 @@ class DiagnosticRouter(Router):
         if learner is not None:
             self.thetas.append((now_s, worker_id, learner.theta[worker_id].copy()))
 
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        self.inner.on_request_abandoned(request, worker_id, now_s)
+
     # ------------------------------------------------------------------ tables
     def decision_table(self) -> pd.DataFrame:
         """One row per decision: its columns + `<col>_chosen`, `<col>_w<i>` per worker, realised outcome."""

@@ -78,3 +78,7 @@ class PowerOfTwoRouter(Router):
     def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
         if self.in_flight[worker_id] > 0:
             self.in_flight[worker_id] -= 1
+
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        # completion only releases the request's slot here: abandoning is the same
+        self.on_request_complete(request, worker_id, 0.0, 0.0, 0, now_s)

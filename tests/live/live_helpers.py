@@ -189,6 +189,7 @@ class RecordingRouter:
         self.pick = pick
         self.selected: list[tuple] = []
         self.completed: list[tuple] = []
+        self.abandoned: list[tuple] = []
 
     def reset(self, workers, seed):
         self.num_workers = len(workers)
@@ -207,3 +208,6 @@ class RecordingRouter:
 
     def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
         self.completed.append((request, worker_id, latency_s, ttft_s, cached_tokens, now_s))
+
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        self.abandoned.append((request, worker_id, now_s))

@@ -194,8 +194,11 @@ def test_failure_before_the_first_byte_is_retried_on_another_worker(behaviour):
         assert stats["workers"][0]["healthy"] is False and stats["retried"] == 0
     else:
         assert stats["retried"] == 1 and stats["workers"][0]["failed_attempts"] == 1
-    # the router chose worker 0 but the request finished on 1: no callback (documented)
+    # the router chose worker 0 but the request finished on 1: no latency callback (documented),
+    # but the router is told to release what it holds for the request on worker 0
     assert router.completed == [] and stats["callbacks_skipped"] == 1
+    assert [(r.id, w) for r, w, _ in router.abandoned] == [(router.selected[0][0].id, 0)]
+    assert stats["callback_errors"] == []
 
 
 def test_malformed_stream_after_the_first_byte_becomes_an_error_event():
@@ -239,10 +242,12 @@ def test_worker_dying_mid_stream_ends_the_stream_with_an_error():
 
 
 def test_timeout_is_bounded_and_reported():
+    router = RecordingRouter()
+
     async def main():
         w = FakeWorker(lambda body: "hang")
         await w.start()
-        svc = _service(RecordingRouter(), [w.url], request_timeout_s=0.5)
+        svc = _service(router, [w.url], request_timeout_s=0.5)
         port = await svc.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -257,6 +262,7 @@ def test_timeout_is_bounded_and_reported():
     assert status == 504 and "timed out after 0.5s" in body["error"]["message"]
     assert elapsed < 5 and stats["failures"] == {"timeout": 1}
     assert stats["workers"][0]["in_flight"] == 0
+    assert len(router.abandoned) == 1 and router.abandoned[0][1] == 0 and router.completed == []
 
 
 def test_bad_requests_and_worker_rejections():

@@ -31,9 +31,11 @@ now_s)` with latency and TTFT measured from the moment the service received the 
 now_s units, cached_tokens = the worker's `meta_info.cached_tokens`, and `request` carrying the
 generated token ids the worker returned. It is called only when the request finished on the
 worker the router chose. A request that was retried on another worker, or that failed, gives no
-callback (the router never learns a latency that its choice did not produce); the router's own
-bookkeeping for the chosen worker then keeps that request (for cache-aware: +1 load on a worker
-that failed, which steers traffic away from it).
+latency (the router never learns one that its choice did not produce) but
+`on_request_abandoned(request, worker, now_s)` instead, so that the router releases what it
+holds for it (cache-aware's in-flight count, LBGR's in-flight prompt); otherwise one failure
+would skew that worker's load or cache estimate for the rest of the run. Failing workers are
+kept away by the health state below, not by leaked router state.
 
 Faults:
 - Retry: a connection error, an HTTP 5xx or a dropped connection BEFORE the first byte of the
@@ -486,8 +488,21 @@ class RouterService:
             w.active_kv -= held
             w.live_generated -= held - len(f.prompt_key) // 4
 
-    def _fail_count(self, kind: str) -> None:
+    def _count_failure(self, f: _Flight, kind: str) -> None:
+        """A request that will not complete: count it and let the router release its state."""
+        self.failed += 1
         self.failures[kind] = self.failures.get(kind, 0) + 1
+        self._abandon(f)
+
+    def _abandon(self, f: _Flight) -> None:
+        """Tell the router that the request it routed to `f.chosen` will not complete there."""
+        try:
+            self.router.on_request_abandoned(f.request, f.chosen, self.now_s())
+        except Exception as exc:  # a router bug must not take the service down; it is reported
+            msg = f"on_request_abandoned(request {f.request.id}, worker {f.chosen}): {type(exc).__name__}: {exc}"
+            log.exception(msg)
+            if len(self.callback_errors) < 20:
+                self.callback_errors.append(msg)
 
     def _next_worker(self, tried: Sequence[int]) -> WorkerState | None:
         best = None
@@ -510,8 +525,9 @@ class RouterService:
             ids = np.zeros(tr.completion_tokens, dtype=np.int32)
         if w.tracker is not None:
             tracker_access(w.tracker, f.prompt_key + ids.astype("<i4").tobytes())
-        if f.worker != f.chosen:
+        if f.worker != f.chosen:  # served elsewhere after a failure: no latency sample of the chosen worker
             self.callbacks_skipped += 1
+            self._abandon(f)
             return
         scale = self.config.time_scale
         latency = (now_wall - f.recv_wall) * scale
@@ -599,8 +615,7 @@ class RouterService:
     def _fail(self, f: _Flight, status: int, message: str, kind: str):
         from aiohttp import web
 
-        self.failed += 1
-        self._fail_count(kind)
+        self._count_failure(f, kind)
         tried = "; ".join(f"worker {w}: {e}" for w, e in f.attempts)
         if tried:
             message = f"{message} (attempts: {tried})"
@@ -652,8 +667,7 @@ class RouterService:
             message = f"request timed out after {self.config.request_timeout_s:g}s"
             if f.response is None:
                 return self._fail(f, 504, message, "timeout")
-            self.failed += 1  # the stream was already open: end it with an error event
-            self._fail_count("timeout")
+            self._count_failure(f, "timeout")  # the stream was already open: end it with an error event
             await _write_quietly(f.response, protocol.finish_event_error(f"router: {message}", 504, "timeout"))
             return f.response
 
@@ -702,8 +716,7 @@ class RouterService:
             if resp.status != 200:  # the request itself is bad: pass the worker's answer through
                 self._release(f, w)
                 text = await _safe_text(resp)
-                self.failed += 1
-                self._fail_count("worker_rejected")
+                self._count_failure(f, "worker_rejected")
                 return web.Response(status=resp.status, body=text.encode(), content_type="application/json",
                                     headers={protocol.WORKER_HEADER: str(w.worker_id)})
             if not f.stream:
@@ -796,8 +809,7 @@ class RouterService:
                 pass
             return out
         self._release(f, w)
-        self.failed += 1
-        self._fail_count(error[0])
+        self._count_failure(f, error[0])
         if error[0] != "client_gone":
             await _write_quietly(out, protocol.finish_event_error(f"router: {error[1]}", 502, error[0]), eof=True)
         return out
