@@ -30,12 +30,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
-from repro.kvcache import TraceIndex, make_cache
+from repro.kvcache import make_cache
 from repro.kvcache.eviction import RLTEviction
 from repro.kvcache.replay import replay
-from tests.kvcache.reference import ReferenceReplayer
 from tests.kvcache.test_properties import FAST, check_rlt_valid, traces
-from tests.kvcache.test_rlt_distribution import CASES, N, _capacity
+from tests.kvcache.test_rlt_distribution import CASES, check_mean_misses_vs_reference
 
 P_REJECT = 1e-3
 SAMPLES = 3000  # per side
@@ -242,21 +241,8 @@ def test_windows_see_the_events_the_scenarios_are_built_for():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rlt_mean_misses_windows_vs_reference(name, gran):
     """Same cases, seeds and tolerance as test_rlt_distribution.py, every budget in windows."""
-    paths, cap, batch = CASES[name]
-    cap = _capacity(paths, cap, batch)
-    index = TraceIndex(paths)
     with windows_always():
-        fast = np.array([replay(paths, cap, "rlt", gran, batch, seed=s, index=index).misses for s in range(N)])
-    ref = []
-    for s in range(N):
-        r = ReferenceReplayer(cap, "rlt", gran, seed=10_000 + s, trace=paths)
-        _, per_path = r.run(paths, batch)
-        ref.append(sum(per_path))
-    ref = np.array(ref)
-    se = np.sqrt(fast.var(ddof=1) / N + ref.var(ddof=1) / N)
-    assert se > 0 and len(set(fast.tolist())) > 1, "the trace must exercise random choices"
-    assert 4 * se < 0.10 * ref.mean(), "tolerance too loose to mean anything: use more seeds"
-    assert abs(fast.mean() - ref.mean()) <= 4 * se, (name, gran, fast.mean(), ref.mean(), se)
+        check_mean_misses_vs_reference(name, gran)
 
 
 # ---------------------------------------------------------------- legality, invariants, hooks
