@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
+from repro.backends.sglang import protocol
+
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 
@@ -133,11 +135,7 @@ class FakeWorker:
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/server_info", self._info)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self._runner, self.port = await protocol.serve_app(app, shutdown_timeout=0.5)
         return self.port
 
     async def stop(self) -> None:

@@ -119,11 +119,7 @@ def test_views_track_waiting_running_and_prefill_tokens():
         app.router.add_post("/generate", hold)
         app.router.add_get("/health", fw._health)
         app.router.add_get("/server_info", fw._info)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port_w = site._server.sockets[0].getsockname()[1]
+        runner, port_w = await protocol.serve_app(app, shutdown_timeout=0.5)
         svc = _service(RecordingRouter(), [f"http://127.0.0.1:{port_w}"])
         port = await svc.start()
         try:
@@ -201,53 +197,13 @@ def test_failure_before_the_first_byte_is_retried_on_another_worker(behaviour):
     assert stats["callback_errors"] == []
 
 
-def test_malformed_stream_after_the_first_byte_becomes_an_error_event():
+def _one_request_to_one_worker(behaviour, router, **service_kw):
+    """One streamed request through the service to a single FakeWorker(behaviour):
+    ((status, worker, events or json, tracker-or-error), seconds it took, service stats)."""
     async def main():
-        w = FakeWorker(lambda body: [sglang_events(body)[0], b"data: {broken\n\n", b"data: [DONE]\n\n"])
+        w = FakeWorker(behaviour)
         await w.start()
-        svc = _service(RecordingRouter(), [w.url])
-        port = await svc.start()
-        try:
-            async with aiohttp.ClientSession() as s:
-                return await _generate(s, f"http://127.0.0.1:{port}", protocol.generate_body(np.arange(12), 3)), \
-                    svc.stats()
-        finally:
-            await svc.stop()
-            await w.stop()
-
-    (status, _, events, err), stats = run_async(main(), 30)
-    assert status == 200 and events[-1] is protocol.DONE
-    assert "malformed response from worker 0" in err
-    assert stats["failed"] == 1 and stats["failures"] == {"malformed": 1}
-
-
-def test_worker_dying_mid_stream_ends_the_stream_with_an_error():
-    async def main():
-        w = FakeWorker(lambda body: [sglang_events(body)[0], "drop"])
-        await w.start()
-        svc = _service(RecordingRouter(), [w.url])
-        port = await svc.start()
-        try:
-            async with aiohttp.ClientSession() as s:
-                return await _generate(s, f"http://127.0.0.1:{port}", protocol.generate_body(np.arange(12), 3)), \
-                    svc.stats()
-        finally:
-            await svc.stop()
-            await w.stop()
-
-    (status, _, events, err), stats = run_async(main(), 30)
-    assert status == 200 and events[-1] is protocol.DONE
-    assert "worker 0" in err and stats["failed"] == 1
-    assert stats["workers"][0]["healthy"] is False  # a dropped connection marks it at once
-
-
-def test_timeout_is_bounded_and_reported():
-    router = RecordingRouter()
-
-    async def main():
-        w = FakeWorker(lambda body: "hang")
-        await w.start()
-        svc = _service(router, [w.url], request_timeout_s=0.5)
+        svc = _service(router, [w.url], **service_kw)
         port = await svc.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -258,7 +214,29 @@ def test_timeout_is_bounded_and_reported():
             await svc.stop()
             await w.stop()
 
-    (status, _, body, _), elapsed, stats = run_async(main(), 30)
+    return run_async(main(), 30)
+
+
+def test_malformed_stream_after_the_first_byte_becomes_an_error_event():
+    (status, _, events, err), _, stats = _one_request_to_one_worker(
+        lambda body: [sglang_events(body)[0], b"data: {broken\n\n", b"data: [DONE]\n\n"], RecordingRouter())
+    assert status == 200 and events[-1] is protocol.DONE
+    assert "malformed response from worker 0" in err
+    assert stats["failed"] == 1 and stats["failures"] == {"malformed": 1}
+
+
+def test_worker_dying_mid_stream_ends_the_stream_with_an_error():
+    (status, _, events, err), _, stats = _one_request_to_one_worker(
+        lambda body: [sglang_events(body)[0], "drop"], RecordingRouter())
+    assert status == 200 and events[-1] is protocol.DONE
+    assert "worker 0" in err and stats["failed"] == 1
+    assert stats["workers"][0]["healthy"] is False  # a dropped connection marks it at once
+
+
+def test_timeout_is_bounded_and_reported():
+    router = RecordingRouter()
+    (status, _, body, _), elapsed, stats = _one_request_to_one_worker(lambda body: "hang", router,
+                                                                     request_timeout_s=0.5)
     assert status == 504 and "timed out after 0.5s" in body["error"]["message"]
     assert elapsed < 5 and stats["failures"] == {"timeout": 1}
     assert stats["workers"][0]["in_flight"] == 0

@@ -470,17 +470,11 @@ class EmulatedWorker:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start serving; returns the bound port."""
-        from aiohttp import web
-
         loop = asyncio.get_running_loop()
         self._t0_wall = self._started_wall = loop.time()
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._scheduler_loop())
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self._runner, self.port = await protocol.serve_app(self.make_app(), host, port, shutdown_timeout=1.0)
         return self.port
 
     async def stop(self) -> None:

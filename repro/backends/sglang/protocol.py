@@ -286,3 +286,16 @@ def raise_open_file_limit() -> int:
         return int(soft)
     except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
         return -1
+
+
+async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 1.0):
+    """Serve an aiohttp `app` on host:port (0 = a free port); returns (runner, bound port).
+
+    Stop it with `await runner.cleanup()`."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]

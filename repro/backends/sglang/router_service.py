@@ -316,11 +316,7 @@ class RouterService:
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/stats", self.handle_stats)
         app.router.add_get("/workers", self.handle_workers)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self._runner, self.port = await protocol.serve_app(app, host, port, shutdown_timeout=2.0)
         return self.port
 
     async def stop(self) -> None:
