@@ -53,10 +53,16 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from repro.kvcache.radix_cache import RadixCache
+
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
+LPM_RANK_ACCESS = ("peek", "match")
+# SGLang 0.5.23 schedule_policy.IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (env defaults)
+IN_BATCH_CHECK_THRESHOLD = 32
+IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 NO_CHUNK_LIMIT = sys.maxsize
 
 
@@ -69,6 +75,11 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 8192  # None / <= 0: chunked prefill disabled
     lpm_max_queue: int = 128  # SGLang: lpm falls back to fcfs above this queue length
+    # Exact-SGLang switches (docs/ALGORITHMS.md "Scheduler parity"; checked against SGLang's own
+    # code in tests/sglang/test_sched_parity.py):
+    in_batch_prefix_caching: bool = False  # (a) SGLang's in-batch prefix deprioritisation in lpm
+    lpm_rank_access: str = "peek"  # (d) "match": lpm ranking accesses (stamps) every queued prefix
+    exact_budgets: bool = False  # SGLang's admission arithmetic (see SimWorker._admit_exact)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -82,6 +93,11 @@ class SchedulerConfig:
         c = self.chunked_prefill_size
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer))):
             raise ValueError(f"scheduler.chunked_prefill_size must be an integer or null, got {c!r}")
+        for name in ("in_batch_prefix_caching", "exact_budgets"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"scheduler.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.lpm_rank_access not in LPM_RANK_ACCESS:
+            raise ValueError(f"scheduler.lpm_rank_access must be one of {LPM_RANK_ACCESS}, got {self.lpm_rank_access!r}")
 
     @property
     def chunk_limit(self) -> int:
@@ -242,6 +258,11 @@ class SimWorker:
         self.max_running = scheduler.max_running_requests
         self.max_prefill_tokens = scheduler.max_prefill_tokens
         self.chunk_limit = scheduler.chunk_limit
+        self.in_batch = scheduler.in_batch_prefix_caching
+        self.rank_match = scheduler.lpm_rank_access == "match"
+        self.exact = scheduler.exact_budgets
+        # rank at every pass SGLang ranks (its queue order and recency depend on it)
+        self.rank_sglang_times = self.exact or self.rank_match
         self._step_time_s = cost_model.step_time_s
 
         self.waiting: list[int] = []  # request indices in arrival order
@@ -263,6 +284,8 @@ class SimWorker:
         # Bumped by every insert / evict (the only calls that change prefix lengths), so a
         # queued request's peek_prefix is recomputed only after the tree changed.
         self.tree_version = 0
+        self._pass_phys = 0  # exact: KV the prefill batch being formed will allocate
+        self.last_ranked: list[int] = []  # the queue order of the latest batch formation (tests read it)
 
     # ------------------------------------------------------------------ router-visible state
     @property
@@ -316,8 +339,12 @@ class SimWorker:
 
     def _ranked_waiting(self) -> list[int]:
         w = self.waiting
-        if not self.lpm or len(w) < 2 or len(w) > self.lpm_max_queue:
+        if not self.lpm or len(w) > self.lpm_max_queue:
             return w
+        if len(w) < 2 and not self.rank_match:
+            return w
+        if self.in_batch or self.rank_match or self.exact:
+            return self._ranked_waiting_exact()
         est = self.table.est_hit
         delta = 0
         hits = []
@@ -330,6 +357,46 @@ class SimWorker:
         order = sorted(range(len(w)), key=hits.__getitem__, reverse=True)
         # sorted(reverse=True) keeps equal keys in their original (arrival) order
         return [w[k] for k in order]
+
+    def _ranked_waiting_exact(self) -> list[int]:
+        """lpm as SGLang's SchedulePolicy.calc_priority does it, switch by switch:
+        rank_match: every queued prompt is matched with `match_prefix` (an access) in queue order;
+        in_batch: a request whose cached prefix is <= 32 tokens and that shares >= 32 tokens with an
+        earlier such request of the queue goes last (SGLang's waiting-queue radix tree);
+        exact: the key is the match capped at len - 1 and the sorted order persists (SGLang sorts
+        its queue in place, so ties keep the previous round's order, not arrival order)."""
+        t = self.table
+        w = self.waiting
+        est = t.est_hit
+        cache = self.cache
+        delta = 0
+        keys = []
+        seen = None
+        for i in w:
+            if self.rank_match:
+                p = cache.match_prefix(t.prompt_key[i]).length
+            else:
+                p = self._peek(i)
+            h = self._computed_hit(i, p)
+            delta += est[i] - h
+            est[i] = h
+            k = -h
+            if self.exact and h >= t.prompt_len[i]:
+                k = 1 - t.prompt_len[i]
+            if self.in_batch and h <= IN_BATCH_CHECK_THRESHOLD:
+                if seen is None:
+                    seen = RadixCache(sys.maxsize >> 3)
+                if seen.peek_prefix(t.prompt_key[i]) >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+                    k = sys.maxsize
+                else:
+                    seen.insert(t.prompt_key[i])
+            keys.append(k)
+        self._waiting_prefill += delta
+        order = sorted(range(len(w)), key=keys.__getitem__)  # stable: ties keep queue order
+        ranked = [w[k] for k in order]
+        if self.exact:
+            self.waiting = ranked
+        return ranked
 
     # ------------------------------------------------------------------ admission
     def _admit(self, i: int, p: int) -> bool:
@@ -370,6 +437,47 @@ class SimWorker:
         self.tree_version += 1
         return True
 
+    def _admit_exact(self, i: int, p: int, c0: int, extra: int) -> int:
+        """SGLang's PrefillAdder.add_one_req memory rule; returns this admission's `extra`, -1 if refused.
+
+        SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,
+        with the request's cached prefix (its match capped at len - 1) locked; an admitted request
+        keeps that lock, and nothing is evicted or inserted until the batch is allocated
+        (`_commit_exact`), so `extra` is the pass's reservations (SGLang's total_offset beyond the
+        running batch) and our tree and reservations are those of the pass start.
+        """
+        t = self.table
+        cache = self.cache
+        out = t.output_len[i]
+        plen = t.prompt_len[i]
+        want = plen - c0 + out + 1 + extra
+        phys = self._pass_phys + plen - p + out  # tokens the batch's allocation will need
+        node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
+        cache.inc_lock_ref(node)
+        room = self.capacity - cache.total_size() - self.reserved_tokens + cache.evictable_size()
+        if want >= room or phys > room:
+            cache.dec_lock_ref(node)
+            return -1
+        self._pass_phys = phys
+        t.lock_node[i] = node
+        return plen - c0 + 1 + out
+
+    def _commit_exact(self, admitted: list[int]) -> None:
+        """Allocate the batch SGLang-style: evict the shortfall once, then insert and lock the prompts."""
+        t = self.table
+        cache = self.cache
+        free = self.capacity - cache.total_size() - self.reserved_tokens
+        if self._pass_phys > free:
+            self._evict(self._pass_phys - free)
+        self._pass_phys = 0
+        for i in admitted:
+            ins = cache.insert(t.prompt_key[i])
+            cache.inc_lock_ref(ins.last_node)
+            cache.dec_lock_ref(t.lock_node[i])
+            t.lock_node[i] = ins.last_node
+            self.reserved_tokens += t.output_len[i]
+        self.tree_version += 1
+
     def _evict(self, num_tokens: int) -> None:
         self.tree_version += 1
         tm = self.timings
@@ -390,17 +498,30 @@ class SimWorker:
         tokens = 0
         attn = 0.0
         ch = self.chunked
+        exact = self.exact
+        extra = 0  # exact: SGLang's pass reservations beyond what our tree and reservations hold
         if ch >= 0:  # the chunked request's next chunk goes first
             c = cstart[ch] + prefilled[ch]
-            n = min(clen[ch] - prefilled[ch], rem_chunk)
+            rest = clen[ch] - prefilled[ch]
+            n = min(rest, rem_chunk)
             batch.append((ch, n))
             tokens += n
             attn += n * (c + n / 2)
             rem_chunk -= n
             rem_input -= n
+            if exact:  # SGLang reserves this chunk (+1 page) and the output with the last chunk
+                out = t.output_len[ch]
+                extra = n + 1 + (out if n == rest else 0) - rest - out
+        ranked = None
+        if self.waiting and (self.rank_sglang_times) and (slots > 0 or ch >= 0):
+            # SGLang ranks (and, with lpm_rank_access=match, accesses) whenever a pass runs
+            ranked = self.last_ranked = self._ranked_waiting()
         if self.waiting and rem_chunk > 0 and rem_input > 0 and len(batch) < slots:
             pending = self.pending
-            for i in self._ranked_waiting():
+            if ranked is None:
+                ranked = self.last_ranked = self._ranked_waiting()
+            no_chunking = self.chunk_limit == NO_CHUNK_LIMIT
+            for i in ranked:
                 if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
                 plen = t.prompt_len[i]
@@ -408,10 +529,19 @@ class SimWorker:
                 h = self._computed_hit(i, p)
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0
-                if batch and n_total >= rem_input:  # SGLang: input budget (OTHER)
-                    break
-                if not self._admit(i, p):  # memory (NO_TOKEN): head-of-line wait
-                    break
+                if exact:
+                    # SGLang checks the input budget per request only without chunking
+                    if no_chunking and batch and n_total >= rem_input:
+                        break
+                    e = self._admit_exact(i, p, c0, extra)
+                    if e < 0:
+                        break
+                    extra += e
+                else:
+                    if batch and n_total >= rem_input:  # SGLang: input budget (OTHER)
+                        break
+                    if not self._admit(i, p):  # memory (NO_TOKEN): head-of-line wait
+                        break
                 admitted.append(i)
                 self._waiting_prefill -= plen - t.est_hit[i]
                 self.n_admitted += 1
@@ -429,8 +559,12 @@ class SimWorker:
                 rem_chunk -= n
                 rem_input -= n
                 if n < n_total:  # became the chunked request: the chunk budget is spent
+                    if exact:  # SGLang reserves a chunk's tokens only, its output with the last chunk
+                        extra += n - n_total - t.output_len[i]
                     break
             if admitted:
+                if exact:
+                    self._commit_exact(admitted)
                 if len(admitted) == len(self.waiting):
                     self.waiting = []
                 else:
