@@ -6,8 +6,9 @@
 #
 # A separate venv, never the default install: CPU torch 2.13.0 (the wheel on local disk),
 # `sglang==0.5.23` installed with --no-deps (its declared deps are CUDA torch 2.14.1, flashinfer
-# and friends: several GB, GPU only), the small pure-Python packages the import chain of
-# `sglang.srt.mem_cache.radix_cache` needs, and our tests' light deps (numpy, pandas, pyarrow,
+# and friends: several GB, GPU only), the small pure-Python packages the import chains of
+# `sglang.srt.mem_cache.radix_cache` and `sglang.srt.managers.schedule_policy` (the scheduler
+# parity test) need, and our tests' light deps (numpy, pandas, pyarrow,
 # hydra-core, omegaconf, pytest, hypothesis, pytest-timeout). Every version is pinned in
 # scripts/sglang_env/requirements.lock and installed with --no-deps: no resolver run, the same
 # closure every time. The project itself is not installed: run from the repo root with
@@ -58,6 +59,7 @@ cache = RadixCache.create_simulated(mock_allocator=Allocator())
 cache.insert(InsertParams(key=RadixKey(array("q", [1, 2, 3]))))
 assert cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", [1, 2, 9])))).device_prefix_len == 2
 assert cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted == 3
+import sglang.srt.managers.schedule_policy  # the scheduler parity test's import chain
 print(f"[make_sglang_env] ok: sglang {sglang.__version__}, torch {torch.__version__}")
 EOF
 }
@@ -87,7 +89,7 @@ echo "torch==2.13.0" > "$CONSTRAINT"
 
 step "installing torch==2.13.0 (CPU build, local wheel)"
 "${PIP[@]}" -c "$CONSTRAINT" "torch==2.13.0" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-step "installing the pinned closure of $LOCK (--no-deps: sglang, torchvision and ~90 small packages)"
+step "installing the pinned closure of $LOCK (--no-deps: sglang, torchvision and ~95 small packages)"
 "${PIP[@]}" -c "$CONSTRAINT" -r "$LOCK" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 # pip exits non-zero on a real failure, but the grep above hides its status: check what it produced.
 "$VENV/bin/python" - "$LOCK" <<'EOF'

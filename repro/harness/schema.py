@@ -32,9 +32,9 @@ class SchedulerSchema:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: Optional[int] = 8192  # null or -1: no chunking
     lpm_max_queue: int = 128  # lpm falls back to fcfs above this queue length (SGLang's constant)
-    in_batch_prefix_caching: bool = False  # SGLang's in-batch prefix deprioritisation (repro/sim/worker.py)
-    lpm_rank_access: str = "peek"  # peek | match: lpm ranking touches recency like SGLang's match_prefix
-    exact_budgets: bool = False  # SGLang's admission arithmetic and persistent queue order
+    in_batch_prefix_caching: bool = True  # SGLang's in-batch prefix deprioritisation (repro/sim/worker.py)
+    lpm_rank_access: str = "match"  # match | peek: lpm ranking touches recency like SGLang's match_prefix
+    exact_budgets: bool = True  # SGLang's admission arithmetic and persistent queue order
 
 
 @dataclass

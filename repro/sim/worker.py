@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from repro.kvcache.radix_cache import RadixCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -77,9 +76,9 @@ class SchedulerConfig:
     lpm_max_queue: int = 128  # SGLang: lpm falls back to fcfs above this queue length
     # Exact-SGLang switches (docs/ALGORITHMS.md "Scheduler parity"; checked against SGLang's own
     # code in tests/sglang/test_sched_parity.py):
-    in_batch_prefix_caching: bool = False  # (a) SGLang's in-batch prefix deprioritisation in lpm
-    lpm_rank_access: str = "peek"  # (d) "match": lpm ranking accesses (stamps) every queued prefix
-    exact_budgets: bool = False  # SGLang's admission arithmetic (see SimWorker._admit_exact)
+    in_batch_prefix_caching: bool = True  # (a) SGLang's in-batch prefix deprioritisation in lpm
+    lpm_rank_access: str = "match"  # (d) lpm ranking accesses (stamps) every queued prefix; "peek": not
+    exact_budgets: bool = True  # SGLang's admission arithmetic (see SimWorker._admit_exact)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -263,6 +262,15 @@ class SimWorker:
         self.exact = scheduler.exact_budgets
         # rank at every pass SGLang ranks (its queue order and recency depend on it)
         self.rank_sglang_times = self.exact or self.rank_match
+        if self.exact and table.n:
+            # SGLang admits only when prompt + output + 1 page < free: a longer request waits forever
+            worst = max(range(table.n), key=lambda i: table.prompt_len[i] + table.output_len[i])
+            if table.prompt_len[worst] + table.output_len[worst] + 2 > self.capacity:
+                raise ValueError(
+                    f"request {table.requests[worst].id} needs {table.prompt_len[worst]} prompt + "
+                    f"{table.output_len[worst]} output tokens; with scheduler.exact_budgets SGLang admits a "
+                    f"request only when that + 2 <= the worker's KV capacity ({self.capacity} tokens)"
+                )
         self._step_time_s = cost_model.step_time_s
 
         self.waiting: list[int] = []  # request indices in arrival order
@@ -384,12 +392,16 @@ class SimWorker:
             if self.exact and h >= t.prompt_len[i]:
                 k = 1 - t.prompt_len[i]
             if self.in_batch and h <= IN_BATCH_CHECK_THRESHOLD:
-                if seen is None:
-                    seen = RadixCache(sys.maxsize >> 3)
-                if seen.peek_prefix(t.prompt_key[i]) >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
-                    k = sys.maxsize
-                else:
-                    seen.insert(t.prompt_key[i])
+                # SGLang matches it against a radix tree of the earlier such prompts; a match of
+                # >= 32 tokens means the same first 32 tokens, so a set of 32-token heads decides
+                head = t.prompt_key[i][: IN_BATCH_DEPRIORITIZE_THRESHOLD << 2]
+                if len(head) == IN_BATCH_DEPRIORITIZE_THRESHOLD << 2:
+                    if seen is None:
+                        seen = {head}
+                    elif head in seen:
+                        k = sys.maxsize
+                    else:
+                        seen.add(head)
             keys.append(k)
         self._waiting_prefill += delta
         order = sorted(range(len(w)), key=keys.__getitem__)  # stable: ties keep queue order

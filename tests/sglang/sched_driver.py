@@ -63,6 +63,7 @@ class Decision:
     admitted: list  # (waiting index, credited prefix, tokens prefilled this pass)
     chunk_continue: int | None  # tokens of the chunked request's next chunk (None: no chunked request)
     new_chunked: int | None  # waiting index left chunked by this pass
+    stop: str = ""  # SGLang side: why admission stopped (drained, budget, memory, slots, no_pass)
 
     def kinds(self) -> dict:
         return {
@@ -94,6 +95,7 @@ def import_sglang_scheduler() -> SimpleNamespace:
     get_context().set_server_args(ServerArgs(model_path="dummy", device="cpu"))
     from sglang.srt.managers import schedule_policy
     from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
     from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
@@ -103,6 +105,7 @@ def import_sglang_scheduler() -> SimpleNamespace:
         torch=torch,
         sp=schedule_policy,
         Req=Req,
+        NewTokenRatioTracker=NewTokenRatioTracker,
         Base=BaseTokenToKVPoolAllocator,
         InsertParams=InsertParams,
         RadixCache=RadixCache,
@@ -146,14 +149,18 @@ class _RunningBatch:
         return not self.reqs
 
 
-def _req(sg, rid, prompt, out):
-    params = sg.SamplingParams(max_new_tokens=int(out), ignore_eos=True)
+def _req(sg, rid, prompt, out, ignore_eos=True):
+    params = sg.SamplingParams(max_new_tokens=int(out), ignore_eos=ignore_eos)
     params.normalize(None)
     return sg.Req(str(rid), "", array("q", [int(t) for t in prompt]), params)
 
 
-def sglang_decide(state: SchedState) -> Decision:
+def sglang_decide(state: SchedState, new_token_ratio: float | None = None, ignore_eos: bool = True) -> Decision:
+    """`new_token_ratio`: None = the scheduler's initial value (NewTokenRatioTracker.from_config():
+    SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness, 0.7 by default)."""
     sg = import_sglang_scheduler()
+    if new_token_ratio is None:
+        new_token_ratio = sg.NewTokenRatioTracker.from_config().current
     torch = sg.torch
     alloc = _Allocator(sg, state.capacity)
     tree = sg.RadixCache.create_simulated(mock_allocator=alloc)
@@ -169,7 +176,7 @@ def sglang_decide(state: SchedState) -> Decision:
         insert(seq)
     running = []
     for k, (prompt, out, gen) in enumerate(state.running):
-        r = _req(sg, f"run{k}", prompt, out)
+        r = _req(sg, f"run{k}", prompt, out, ignore_eos)
         node = insert(prompt)
         tree.inc_lock_ref(node)
         r.output_ids = array("q", [7] * int(gen))
@@ -178,12 +185,12 @@ def sglang_decide(state: SchedState) -> Decision:
     chunked = None
     if state.chunked is not None:
         prompt, out, done = state.chunked
-        chunked = _req(sg, "chunked", prompt, out)
+        chunked = _req(sg, "chunked", prompt, out, ignore_eos)
         node = insert(prompt[:done])  # checkpoint_kv_cache after each chunk
         tree.inc_lock_ref(node)
         chunked.prefix_len = int(done)
         chunked.last_node = node
-    waiting = [_req(sg, i, prompt, out) for i, (prompt, out) in enumerate(state.waiting)]
+    waiting = [_req(sg, i, prompt, out, ignore_eos) for i, (prompt, out) in enumerate(state.waiting)]
     batch = _RunningBatch(running)
 
     policy = sg.sp.SchedulePolicy(state.policy, tree, False, False, False)
@@ -191,13 +198,11 @@ def sglang_decide(state: SchedState) -> Decision:
     # --- the pass loop of Scheduler._get_new_batch_prefill_raw (non-LoRA, non-PP, non-HiCache)
     allocatable = state.max_running_requests - len(running)
     if (allocatable <= 0 or not waiting) and chunked is None:
-        return Decision([int(r.rid) for r in waiting], [], None, None)
-    if allocatable <= 0 and chunked is None:
-        return Decision([int(r.rid) for r in waiting], [], None, None)
+        return Decision([int(r.rid) for r in waiting], [], None, None, "no_pass")
     policy.calc_priority(waiting, batch)
     order = [int(r.rid) for r in waiting]
     adder = sg.sp.PrefillAdder(
-        1, tree, alloc, batch, 1.0, state.max_prefill_tokens, chunk, 0, 0,
+        1, tree, alloc, batch, new_token_ratio, state.max_prefill_tokens, chunk, 0, 0,
         max_running_requests=state.max_running_requests,
     )
     chunk_continue = None
@@ -207,19 +212,24 @@ def sglang_decide(state: SchedState) -> Decision:
         still = adder.add_chunked_req(chunked)
         chunk_continue = chunked.extend_end - before if chunked in adder.can_run_list else 0
         del still
+    stop = "drained"
     for r in waiting:
         if adder.budget_state() == sg.sp.AddReqResult.OTHER:
+            stop = "budget"
             break
         if len(adder.can_run_list) >= allocatable:
+            stop = "slots"
             break
         r.init_next_round_input(tree)
         res = adder.add_one_req(r, has_chunked_req=chunked is not None, truncation_align_size=None)
         if res != sg.sp.AddReqResult.CONTINUE:
+            admitted_it = bool(adder.can_run_list) and adder.can_run_list[-1] is r
+            stop = ("budget" if res == sg.sp.AddReqResult.OTHER else "memory") + ("" if admitted_it else "_refused")
             break
     admitted = [(int(r.rid), int(r.prefix_len), int(r.extend_end - r.prefix_len))
                 for r in adder.can_run_list if r is not chunked]
     new_chunked = int(adder.new_chunked_req.rid) if adder.new_chunked_req is not None else None
-    return Decision(order, admitted, chunk_continue, new_chunked)
+    return Decision(order, admitted, chunk_continue, new_chunked, stop)
 
 
 # ---------------------------------------------------------------------------------------- ours
@@ -349,6 +359,9 @@ def random_state(rng: np.random.Generator, *, big_queue: bool = False) -> SchedS
         st.chunked_prefill_size = 32  # a chunked request exists only with chunking on
     need = st.tokens_needed()
     st.capacity = need + int(rng.choice([0, 5, 20, 60, 150, 400, 5000]))
+    # every request fits an empty worker (the cluster's validation, with SGLang's 1-page margin)
+    every = waiting + [(p, out) for p, out, _ in running] + ([chunked[:2]] if chunked else [])
+    st.capacity = max([st.capacity] + [len(p) + out + 2 for p, out in every])
     return st
 
 
@@ -369,7 +382,61 @@ def coverage(state: SchedState, d: Decision) -> set:
         tags.add("chunked_continuing")
     if d.new_chunked is not None:
         tags.add("new_chunk")
-    left = n - len(d.admitted)
-    if left > 0 and n:
-        tags.add("stopped_with_queue_left")
+    if d.stop in ("budget", "budget_refused"):
+        tags.add("budget_edge")
+    if d.stop == "memory_refused":
+        tags.add("memory_too_full_to_admit")
+    if d.stop == "slots":
+        tags.add("max_running_requests")
+    if state.policy == "lpm" and 1 < n <= 128 and _in_batch_applies(state):
+        tags.add("in_batch_prefix_rule")
     return tags
+
+
+def _in_batch_applies(state: SchedState) -> bool:
+    """Some queued request has <= 32 cached tokens and shares >= 32 with another such request."""
+    contents = [list(q) for q in state.cached] + [list(r[0]) for r in state.running]
+    if state.chunked is not None:
+        contents.append(list(state.chunked[0][: state.chunked[2]]))
+    short = [p for p, _ in state.waiting if max([_common(p, q) for q in contents] + [0]) <= 32]
+    return any(_common(a, b) >= 32 for k, a in enumerate(short) for b in short[:k])
+
+
+KINDS = ("order", "admitted", "chunk", "prefix")
+SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False)
+MODES = {  # "simple": the simulator before these switches; each switch alone on top of it; all (the defaults)
+    "simple (all switches off)": SIMPLE,
+    "a in_batch_prefix_caching": {**SIMPLE, "in_batch_prefix_caching": True},
+    "d lpm_rank_access=match": {**SIMPLE, "lpm_rank_access": "match"},
+    "exact_budgets": {**SIMPLE, "exact_budgets": True},
+    "exact (all switches: defaults)": EXACT,
+}
+
+
+def agreement(n_states: int, seed0: int = 0) -> tuple[dict, dict]:
+    """Per mode and decision kind, the fraction of `n_states` generated states on which ours
+    decides as SGLang does; and how many states cover each listed case."""
+    from collections import Counter
+
+    agree = {m: Counter() for m in MODES}
+    cover = Counter()
+    for k in range(n_states):
+        st = random_state(np.random.default_rng(seed0 + k), big_queue=(k % 20 == 0))
+        theirs = sglang_decide(st)
+        cover.update(coverage(st, theirs))
+        ka = theirs.kinds()
+        for m, modes in MODES.items():
+            kb = ours_decide(st, **modes).kinds()
+            agree[m].update(kind for kind in KINDS if ka[kind] == kb[kind])
+    return {m: {kind: agree[m][kind] / n_states for kind in KINDS} for m in MODES}, dict(cover)
+
+
+if __name__ == "__main__":  # PYTHONPATH=. .venv-sglang/bin/python -m tests.sglang.sched_driver [N]
+    import sys
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    rates, cover = agreement(n)
+    print(f"{n} generated states; agreement with SGLang 0.5.23 per decision kind:")
+    for m, r in rates.items():
+        print(f"  {m:28s} " + "  ".join(f"{kind} {100 * v:6.2f}%" for kind, v in r.items()))
+    print("coverage: " + ", ".join(f"{c} {v} ({100 * v / n:.1f}%)" for c, v in sorted(cover.items())))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repro.sim.cluster import SimCluster
-from repro.sim.worker import SchedulerConfig
+from repro.sim.worker import NO_CHUNK_LIMIT, SchedulerConfig
 from tests.sim.reference_sim import reference_simulate
 from tests.sim.sim_fakes import (
     FixedCostModel,
@@ -27,8 +27,11 @@ from tests.sim.sim_fakes import (
 ROUTERS = (RoundRobinRouter, RandomRouter, LeastLoadedRouter)
 
 
+SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False)
+
+
 @st.composite
-def cells(draw):
+def cells(draw, exact_ok: bool = True):
     seed = draw(st.integers(0, 2**31 - 1))
     reqs = gsp_requests(
         seed,
@@ -39,10 +42,14 @@ def cells(draw):
         output_len=(1, draw(st.integers(1, 6))),
         rate=draw(st.sampled_from([1.0, 20.0, 500.0])),
     )
-    biggest = max(len(r.prompt_tokens) + r.output_len for r in reqs)
+    # exact: the SGLang-exact scheduler (the defaults); simple: every switch off (what the
+    # reference simulator restates; the exact mode is checked against SGLang in tests/sglang)
+    exact = draw(st.booleans()) if exact_ok else False
+    biggest = max(len(r.prompt_tokens) + r.output_len for r in reqs) + (2 if exact else 0)
     m = draw(st.integers(1, 3))
     caps = [biggest + draw(st.integers(0, 3 * biggest)) for _ in range(m)]
     sched = SchedulerConfig(
+        **({} if exact else SIMPLE),
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
         max_running_requests=draw(st.integers(1, 6)),
         max_prefill_tokens=draw(st.integers(1, 80)),
@@ -94,7 +101,11 @@ class Auditor:
             assert info.prefill_tokens == sum(n_new)
             assert info.prefill_tokens <= self.sched.chunk_limit
             if len(n_new) > 1:
-                assert info.prefill_tokens <= self.sched.max_prefill_tokens
+                if self.sched.exact_budgets and self.sched.chunk_limit != NO_CHUNK_LIMIT:
+                    # SGLang with chunking checks the input budget only between requests
+                    assert info.prefill_tokens - n_new[-1] < self.sched.max_prefill_tokens
+                else:
+                    assert info.prefill_tokens <= self.sched.max_prefill_tokens
             # at most one request leaves this step with its prefill unfinished
             unfinished = [i for i, n in info.prefill if t.prefilled[i] + n < t.compute_len[i]]
             assert len(unfinished) <= 1
@@ -102,6 +113,11 @@ class Auditor:
             assert info.decode_batch == 0
         else:
             assert 1 <= info.decode_batch == w.n_running <= self.sched.max_running_requests
+            # SGLang retracts only when a decode step's tokens (one per running request) exceed
+            # free + evictable KV; output reservation in full (what SGLang does for ignore_eos
+            # requests) keeps that from ever happening: no retraction to model
+            free = w.capacity - cache.total_size() - w.live_generated
+            assert free + cache.evictable_size() >= w.n_running
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,7 +151,7 @@ def test_invariants_on_random_cells(cell):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cells())
+@given(cells(exact_ok=False))
 def test_fast_simulator_matches_the_reference_records_and_views(cell):
     """Identical records, and identical router-visible worker state at every decision."""
     reqs, caps, sched, cost, router_cls, seed = cell
