@@ -2,46 +2,61 @@
 
 What it reproduces (SGLang `Scheduler.get_next_batch_to_run` + `PrefillAdder`):
 - A waiting queue ranked by `schedule_policy`: ``lpm`` (longest cached prefix first; ties keep
-  arrival order; like SGLang it falls back to fcfs when more than 128 requests wait) or ``fcfs``.
+  the queue's order; like SGLang it falls back to fcfs when more than 128 requests wait) or ``fcfs``.
 - Every iteration forms a prefill batch if it can and runs it; only when no prefill batch can be
   formed does the running batch take a decode step (prefill has priority; no mixed chunk).
 - A prefill batch is bounded by `max_running_requests` (running + batch), `max_prefill_tokens`
   (new tokens; as in SGLang a request is refused when its new tokens >= the remaining budget and
-  the batch is not empty, so the first request of a batch may exceed it) and
+  the batch is not empty, so the first request of a batch may exceed it -- with chunking on and
+  `exact_budgets`, SGLang's rule: admission stops once the budget is spent) and
   `chunked_prefill_size` (a request whose new tokens exceed the remaining chunk budget is
   prefilled in chunks over several steps; at most one chunked request at a time; its next chunk
   goes first into the next batch). `chunked_prefill_size: null` (or <= 0) disables chunking.
 - Admission of a request into a batch: ``match_prefix(prompt)`` (an access), lock, make room with
-  ``evict(need - free)``, ``insert(prompt)``, move the lock to the prompt's last node. If the
-  request does not fit even after evicting everything evictable, it and everything behind it
-  waits (head-of-line, like SGLang's adder stopping at NO_TOKEN).
+  ``evict``, ``insert(prompt)``, move the lock to the prompt's last node. A request that does not
+  fit stops the batch (head-of-line, like SGLang's adder stopping at NO_TOKEN).
 - The step holding a request's last prefill chunk produces its first token; then one token per
   decode step. On finish: ``insert(prompt + generated)``, release the reservation, unlock.
 
+SGLang-exact switches (`cluster.scheduler`, all on by default; each decision of a pass -- queue
+order, admitted requests, chunk sizes, credited prefix -- agrees with SGLang 0.5.23's own
+SchedulePolicy / PrefillAdder on every case of tests/sglang/test_sched_parity.py; REPRODUCE.md has
+the agreement rates with each switch off and what each changes in results):
+- `in_batch_prefix_caching`: SGLang's in-batch prefix deprioritisation in lpm.
+- `lpm_rank_access: match`: lpm ranking matches (accesses, stamps) every queued prompt at every pass
+  SGLang ranks; `peek` ranks read-only.
+- `exact_budgets`: SGLang's admission arithmetic (`_admit_exact`: one page per request, checks
+  against free + evictable minus the pass's reservations with the prefix capped at len - 1 locked,
+  eviction once per batch in `_commit_exact`, the input budget checked between requests only when
+  chunking is on), lpm keys capped at len - 1, and the queue order persisting between passes.
+With all three off the worker is the earlier simplified scheduler (the slow reference in
+tests/sim/reference_sim.py restates that mode).
+
 Simplifications and choices the paper leaves open (each one deliberate):
-- Output tokens are RESERVED at admission (`need` = uncached prompt tokens + output_len), so a
-  running request is never evicted or retracted. SGLang instead reserves an estimate
-  (new_token_ratio) and retracts requests under memory pressure.
-- The KV of the whole prompt is inserted into the tree at admission, even when its prefill is
-  chunked over several steps (SGLang inserts chunk by chunk). The transient duplicate KV that
-  SGLang allocates when two requests of one batch compute the same uncached tokens is not counted.
+- Output tokens are RESERVED in full at admission, so a running request is never evicted or
+  retracted. That is what SGLang does for `ignore_eos` requests (ratio 1.0 whatever its
+  new_token_ratio), which is what our backend sends; EOS-terminated requests (new_token_ratio
+  reservation, retraction under decode memory pressure) are not modelled.
+- The KV of the whole prompt is inserted into the tree when its batch is formed, even when its
+  prefill is chunked over several steps (SGLang inserts chunk by chunk, after each is computed).
+  Decisions do not see it (hits are capped below), but a router's `peek_prefix` does, one step early.
 - Hit tokens (`cached_tokens`) = the longest cached prefix whose KV is already COMPUTED when the
   batch is formed, as in SGLang where all requests of a batch are matched before any of them is
   inserted: a request cannot hit tokens that another request of the same batch is computing, nor
   the not-yet-prefilled chunks of the chunked request (their tree nodes exist here because of
-  whole-prompt insertion). SGLang's "in-batch prefix caching" deprioritisation is not modelled.
+  whole-prompt insertion).
 - A fully cached prompt still computes one token (its last; SGLang caps the prefix at len - 1 to
   get logits); `cached_tokens` records the full match.
-- lpm ranks with ``peek_prefix``: SGLang calls match_prefix there, which touches recency; a queued
-  request must not stamp/mark tokens here. The admission-time ``match_prefix`` is the access.
-  Exception: when it is unclear without locking whether a request fits (its matched prefix may or
-  may not already be locked), the request is matched and locked to decide; if it then does not
-  fit, it is unlocked and waits -- that match did touch its prefix, as SGLang's does every round.
+- With `exact_budgets` off, admission matches, evicts and inserts request by request (a need of
+  uncached prompt + output against free + evictable, no page); if a request does not fit even after
+  evicting everything evictable, it and everything behind it waits (head-of-line, like SGLang's
+  adder stopping at NO_TOKEN).
 - Decode context of a step = sum over the running batch of (prompt + tokens generated so far);
   prefill attention work = sum n * (c + n / 2) with n new and c already computed tokens.
 - `kv_used_tokens` (router view) = tokens in the tree (evictable included) + KV of generated
   tokens not yet inserted (those still being decoded); reservations are not counted.
-- No page size (page = 1 token), no retraction, no priority scheduling, no overlap scheduler.
+- Not modelled: SGLang's sticky `batch_is_full` flag, mixed chunks, priority scheduling, the
+  overlap scheduler, page size > 1 (page = 1 token), scheduler CPU time.
 """
 
 from __future__ import annotations
@@ -74,8 +89,8 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 8192  # None / <= 0: chunked prefill disabled
     lpm_max_queue: int = 128  # SGLang: lpm falls back to fcfs above this queue length
-    # Exact-SGLang switches (docs/ALGORITHMS.md "Scheduler parity"; checked against SGLang's own
-    # code in tests/sglang/test_sched_parity.py):
+    # SGLang-exact switches (module docstring; checked against SGLang's own scheduling code in
+    # tests/sglang/test_sched_parity.py):
     in_batch_prefix_caching: bool = True  # (a) SGLang's in-batch prefix deprioritisation in lpm
     lpm_rank_access: str = "match"  # (d) lpm ranking accesses (stamps) every queued prefix; "peek": not
     exact_budgets: bool = True  # SGLang's admission arithmetic (see SimWorker._admit_exact)
@@ -377,6 +392,13 @@ class SimWorker:
         w = self.waiting
         est = t.est_hit
         cache = self.cache
+        if len(w) == 1:  # the common case at light load: nothing to sort
+            i = w[0]
+            p = cache.match_prefix(t.prompt_key[i]).length if self.rank_match else self._peek(i)
+            h = self._computed_hit(i, p)
+            self._waiting_prefill += est[i] - h
+            est[i] = h
+            return w
         delta = 0
         keys = []
         seen = None
