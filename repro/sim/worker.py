@@ -277,10 +277,11 @@ class SimWorker:
         self.exact = scheduler.exact_budgets
         # rank at every pass SGLang ranks (its queue order and recency depend on it)
         self.rank_sglang_times = self.exact or self.rank_match
+        # SGLang admits only when prompt + output + 1 page < free KV: a longer request waits forever
+        self.max_request_kv_tokens = self.capacity - 2 if self.exact else self.capacity
         if self.exact and table.n:
-            # SGLang admits only when prompt + output + 1 page < free: a longer request waits forever
             worst = max(range(table.n), key=lambda i: table.prompt_len[i] + table.output_len[i])
-            if table.prompt_len[worst] + table.output_len[worst] + 2 > self.capacity:
+            if table.prompt_len[worst] + table.output_len[worst] > self.max_request_kv_tokens:
                 raise ValueError(
                     f"request {table.requests[worst].id} needs {table.prompt_len[worst]} prompt + "
                     f"{table.output_len[worst]} output tokens; with scheduler.exact_budgets SGLang admits a "

@@ -316,10 +316,11 @@ class EmulatedWorker:
         prompt = self._prompt_ids(inp)
         n_out = inp.max_new_tokens
         need = len(prompt) + n_out
-        if need > self.sim.capacity:
+        if need > self.sim.max_request_kv_tokens:  # capacity - 2 under SGLang's exact admission rule
             raise protocol.ProtocolError(
                 f"the request needs {len(prompt)} prompt + {n_out} output = {need} KV tokens, "
-                f"more than this worker's whole KV cache ({self.sim.capacity} tokens)"
+                f"more than this worker can admit ({self.sim.max_request_kv_tokens} of its "
+                f"{self.sim.capacity} tokens of KV cache)"
             )
         index = self.table.n
         out = self._output_ids(index, n_out, inp.reference_output_ids)
