@@ -152,7 +152,7 @@ def test_arrivals_speedup_prefix_and_common_keys(tmp_path):
     assert [r.arrival_s for r in wl.requests] == [0.0, 0.25, 0.75]
     wl = build_workload(wl_cfg("mooncake", **base, output_len=7), seed=0)
     assert {r.output_len for r in wl.requests} == {7}
-    wl = build_workload(wl_cfg("mooncake", **base, max_context_len=12), seed=0)
+    wl = build_workload(wl_cfg("mooncake", **base, max_context_len=15), seed=0)
     assert len(wl) == 3 and wl.provenance["filtered"] == {"over_max_context_len": 1}
     # Poisson re-timing: null rate = the trace's mean rate (3 gaps over 4 s)
     p1 = build_workload(wl_cfg("mooncake", **base, arrivals="poisson"), seed=1)
