@@ -7,7 +7,7 @@ the built-in tokenizer each pool word is exactly one token, so a segment of n wo
 + "\\n" is exactly n + 1 tokens and its ids are known without running the regex.
 
 With the Llama-3 tokenizer the pool is instead every vocabulary entry that is a space + 2-8
-lowercase ASCII letters (20,405 words, each one token after a space), so stand-in lengths
+lowercase ASCII letters (20,336 words that BPE turns into that one token), so stand-in lengths
 stay what their published statistics say in Llama-3 tokens too (pseudo-words would cost ~3).
 """
 
@@ -50,14 +50,19 @@ def _pool_ids(vocab_size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=2)
 def llama3_word_pool(tokenizer_file: str) -> tuple[np.ndarray, np.ndarray]:
-    """(" word" strings, their single token ids), in id order, from Llama-3's vocabulary."""
+    """(" word" strings, their single token ids), in id order, from Llama-3's vocabulary: entries
+    " " + 2-8 lowercase letters that BPE actually produces for their own text (some are not)."""
     import json
     import re
+
+    from repro.workloads.tokenizer import _load_tokenizers_file
 
     with open(tokenizer_file, encoding="utf-8") as f:
         vocab = json.load(f)["model"]["vocab"]
     word = re.compile("\u0120[a-z]{2,8}")  # byte-level BPE writes the leading space as U+0120
     pairs = sorted((i, " " + w[1:]) for w, i in vocab.items() if word.fullmatch(w))
+    encs = _load_tokenizers_file(tokenizer_file).encode_batch([w for _, w in pairs], add_special_tokens=False)
+    pairs = [(i, w) for (i, w), e in zip(pairs, encs) if e.ids == [i]]
     return np.array([w for _, w in pairs], dtype=object), np.array([i for i, _ in pairs], dtype=np.int32)
 
 
