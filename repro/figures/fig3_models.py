@@ -15,6 +15,8 @@ FIGURE = PerfFigure(
     facets=("model.name", "workload.name"),
     notes="The paper's Figure 3 shows ShareGPT; other benchmarks are its appendix rows. "
     "Our choice: Llama-3.1-70B with FP8 weights (~70 GB) on one H200 per worker (bf16 does not fit); "
-    "the paper does not say how it fitted the model.",
+    "the paper does not say how it fitted the model. Tokens: Llama-3's tokenizer for every row, also "
+    "Mixtral's (its 32k SentencePiece vocabulary is not available offline), so Mixtral's prompts have "
+    "Llama-3 lengths.",
 )
 NAME, EXP, render = FIGURE.name, FIGURE.exp, FIGURE.render

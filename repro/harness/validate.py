@@ -26,7 +26,7 @@ from repro.backends import UnknownBackendError, backend_module_path
 from repro.confutil import get_path
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
-ORDERS = ("random", "round_robin")
+ORDERS = ("random", "round_robin", "trace")  # trace: trace workloads only (mooncake; its spec checks)
 TRACKING_MODES = ("offline", "online", "disabled")
 EVICTION_GRANULARITIES = ("node", "token")
 NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/workload/router

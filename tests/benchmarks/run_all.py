@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "sim": ("bench_sim.py", ["--repeat", "1"], "simulated requests per wall second, Fig. 2 cell (>= 5,000)"),
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),
     "workloads": ("bench_workloads.py", ["--repeat", "1"], "workload build vs cached load"),
+    "tokenizer": ("bench_tokenizer.py", ["--limit", "20000"], "ShareGPT through Llama-3: encode_batch vs one by one"),
 }
 
 

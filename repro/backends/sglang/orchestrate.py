@@ -269,6 +269,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     model = cfg["model"]
     hardware = cfg["hardware"]
     tp = int(model.get("tensor_parallel", 1) or 1)
+    tokenizer = dict((cfg.get("workload") or {}).get("tokenizer") or {}) or None  # text requests: as the workload
 
     workers: list[ProcessSpec] = []
     gpus: list[list[str]] = []
@@ -288,6 +289,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
                 "time_scale": time_scale,
                 "startup_delay_s": float(emu.get("startup_delay_s", 0.0) or 0.0),
                 "fault": faults.get(i, emu.get("fault")),
+                "tokenizer": tokenizer,
             }
             workers.append(ProcessSpec(f"worker{i}", emulated_worker_command(python, host, ports[i], path), {},
                                        os.path.join(log_dir, f"worker{i}.log"), f"{worker_urls[i]}/health",
@@ -335,6 +337,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
             "time_scale": time_scale,
             "request_timeout_s": request_timeout_s,
             "connect_timeout_s": float(timeouts.get("connect_s", 10)),
+            "tokenizer": tokenizer,
             **rs,
         }
         config = {"router": cfg["router"], "model": model, "hardware": hardware, "service": service}

@@ -98,6 +98,7 @@ class RouterServiceConfig:
     health_failure_threshold: int = 2
     startup_health_timeout_s: float = 10.0
     load_poll_interval_s: float = 0.0
+    tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
 
     def __post_init__(self) -> None:
         if not self.worker_urls:
@@ -448,10 +449,10 @@ class RouterService:
     def _prompt_ids(self, inp: protocol.GenerateInput) -> np.ndarray:
         if inp.input_ids is not None:
             return inp.input_ids
-        if self._tokenizer is None:  # routing-only token ids for text requests
-            from repro.workloads.tokenizer import BuiltinTokenizer
+        if self._tokenizer is None:  # routing-only token ids for text requests: the cell's tokenizer
+            from repro.workloads.tokenizer import make_tokenizer
 
-            self._tokenizer = BuiltinTokenizer()
+            self._tokenizer = make_tokenizer(self.config.tokenizer)
         return np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
 
     def _on_dispatch(self, f: _Flight, w: WorkerState) -> None:
