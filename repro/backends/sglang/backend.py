@@ -47,7 +47,7 @@ SECTION_KEYS = {
     "timeouts": {"server_start_s", "router_start_s", "request_s", "connect_s", "cell_s", "shutdown_grace_s"},
     "router_service": {"max_retries", "health_check_interval_s", "health_check_timeout_s",
                        "health_failure_threshold", "startup_health_timeout_s", "load_poll_interval_s",
-                       "view_tracker"},
+                       "view_tracker", "stall_timeout_s", "max_body_bytes"},
     "sglang_router": {"extra_args"},
     "client": {"send_reference_output", "send_text"},
     "emulator": {"startup_delay_s", "fault", "faults"},
