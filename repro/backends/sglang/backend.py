@@ -40,7 +40,7 @@ from repro.confutil import get_path, to_plain
 
 BACKEND_KEYS = frozenset({
     "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
-    "timeouts", "router_service", "sglang_router", "client", "emulator",
+    "timeouts", "router_service", "sglang_router", "client", "emulator", "placement",
 })
 SECTION_KEYS = {
     "server": {"model_path", "load_format", "dtype", "random_seed", "extra_args", "env"},
@@ -53,7 +53,7 @@ SECTION_KEYS = {
     "emulator": {"startup_delay_s", "fault", "faults"},
 }
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
-NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python")
+NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
 SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
 
 
@@ -111,6 +111,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
         v = get_path(b, f"timeouts.{key}")
         if v is not None and not _is_pos(v):
             errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
+    if b.get("placement", "auto") not in ("auto", "local"):
+        errs.append(f"backend.placement must be auto or local, got {b.get('placement')!r}")
     gpus = b.get("gpus")
     if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, (int, str)) for g in gpus)):
         errs.append(f"backend.gpus must be null or a list of GPU ids, got {gpus!r}")
