@@ -63,6 +63,8 @@ def job_nodes(env: dict | None = None) -> list[Node] | None:
     env = os.environ if env is None else env
     if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
         return None
+    if not any(c in env["SLURM_JOB_NODELIST"] for c in ",["):  # one node: no scontrol needed
+        return None
     names = _run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]]).split()
     if len(names) < 2:
         return None

@@ -281,12 +281,16 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     python = str(b.get("python") or sys.executable)
     timeouts = dict(b.get("timeouts") or {})
     log_dir = str(Path(log_dir).resolve())
-    from repro.backends.sglang.node_agent import PORT_PLACEHOLDER, job_nodes, split_workers
+    from repro.backends.sglang.node_agent import PORT_PLACEHOLDER, PlacementError, job_nodes, split_workers
 
     placement = str(b.get("placement", "auto"))
     if placement not in ("auto", "local"):
         raise OrchestrationError(f"backend.placement must be auto or local, got {placement!r}")
-    nodes = (job_nodes() or []) if placement == "auto" else []
+    try:
+        nodes = (job_nodes() or []) if placement == "auto" else []
+    except PlacementError as exc:
+        raise OrchestrationError(f"cannot place the cell on the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')}: "
+                                 f"{exc} (backend.placement=local keeps every server on this node)") from None
     node_of = split_workers(m, nodes) if nodes else [0] * m
     ports = list(ports) if ports is not None else free_ports(m + 1, host)
     if len(ports) != m + 1:
