@@ -63,9 +63,9 @@ Faults:
 - Bad input, answered before any work: a body over `max_body_bytes` (default 4 MiB; a 128k-token
   prompt as ids plus its text is ~1.6 MB) -> 413 without reading it; not JSON or nested too deeply
   -> 400; fields outside protocol.FORWARDED_KEYS / SAMPLING_KEYS -> 400 naming them (so only known
-  fields are forwarded). Bodies over 64 KiB are parsed and tokenized in a worker thread, not on the
-  event loop (HF tokenizers release the GIL there; the built-in tokenizer's regex does not, so a
-  text prompt near the limit still holds other requests ~0.1 s).
+  fields are forwarded). Bodies over 64 KiB are parsed and tokenized in a parser process (one,
+  spawned on the first such body), not on the event loop: JSON decoding and the tokenizer's regex
+  hold the GIL, so a thread would still stall small requests (~0.1 s for a 4 MB text prompt).
 - Start-up: the service refuses to start (NoHealthyWorkersError, exit code 2 from the CLI) when
   none of the workers answers /health within `startup_health_timeout_s`.
 """
@@ -74,12 +74,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 import signal
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -682,12 +684,20 @@ class RouterService:
         return inp, self._prompt_ids(inp)
 
     def _parse_pool(self):
-        """One thread for big bodies: they queue behind each other, never in front of small requests."""
+        """One parser process for big bodies: they queue behind each other, never in front of small
+        requests, and their JSON / tokenizer work (C code that holds the GIL: a thread would still
+        stall the loop) runs outside this process. Started on the first big body."""
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-parse")
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_parser_init, initargs=(self.config,))
         return self._pool
+
+    def warm_parser(self) -> None:
+        """Start the parser process now (it imports for ~0.5 s), not on the first big body."""
+        self._parse_pool().submit(_parse_in_child, b'{"input_ids": [1]}')
 
     async def handle_generate(self, request):
         from aiohttp import web
@@ -706,11 +716,15 @@ class RouterService:
                                      f"(router_service.max_body_bytes)", "request_too_large")
         try:
             if len(raw) > INLINE_PARSE_BYTES:  # big bodies: JSON and tokenizer work off the event loop
-                inp, prompt = await loop.run_in_executor(self._parse_pool(), self._parse_request, raw)
+                inp, prompt = await loop.run_in_executor(self._parse_pool(), _parse_in_child, raw)
             else:
                 inp, prompt = self._parse_request(raw)
         except protocol.ProtocolError as exc:
             return self._reject(400, str(exc), "invalid_request_error")
+        except BrokenProcessPool as exc:  # the parser process died (OOM?): a fresh one for the next body
+            self._pool = None
+            log.error("request parser process died: %s", exc)
+            return self._reject(500, f"the router's request parser process died: {exc}", "internal")
 
         key = self._next_key
         self._next_key += 1
@@ -982,6 +996,25 @@ async def _safe_text(resp, limit: int = 500) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# ---------------------------------------------------------------------------- parser process
+_PARSER: RouterService | None = None
+
+
+def _parser_init(config: RouterServiceConfig) -> None:
+    """In the parser process: a service shell with the same config, for _parse_request / _prompt_ids
+    (so the parser tokenizes exactly as the service would)."""
+    global _PARSER
+    shell = RouterService.__new__(RouterService)
+    shell.config = config
+    shell._tokenizer = None
+    _PARSER = shell
+
+
+def _parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
+    inp, ids = RouterService._parse_request(_PARSER, raw)
+    return dataclasses.replace(inp, body={}), ids  # the body is not needed back (and may be megabytes)
+
+
 # ---------------------------------------------------------------------------- construction / CLI
 def build_router(router_cfg: dict) -> Any:
     """The router object from a conf/router/<name>.yaml mapping (hydra.utils.instantiate)."""
@@ -1020,6 +1053,7 @@ async def _serve(service: RouterService, host: str, port: int) -> int:
     except NoHealthyWorkersError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 2
+    service.warm_parser()
     log.info("router service (%s) on http://%s:%d in front of %d workers",
              type(service.router).__name__, host, bound, len(service.workers))
     await stop.wait()
