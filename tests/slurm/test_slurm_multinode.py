@@ -96,6 +96,9 @@ def test_a_ten_worker_fig6_cell_spans_two_nodes_and_matches_the_one_node_cell(sl
     stats = json.loads((two / "logs" / "worker_stats.json").read_text())
     assert [s["slurmd_nodename"] for s in stats] == ["node1"] * 5 + ["node2"] * 5
     assert sum(s["requests_finished"] for s in stats) == 200
+    codes = json.loads((two / "logs" / "exit_codes.json").read_text())
+    assert codes["node node2"] == 0, codes  # its agent stopped its servers and exited cleanly (scancel -s TERM)
+    assert "servers stopped (signal 15)" in (two / "logs" / "node-node2.log").read_text()
     plan = json.loads((two / "logs" / "plan.json").read_text())
     assert [w["node"] for w in plan["workers"]] == ["node1"] * 5 + ["node2"] * 5
     for i in range(10):  # every server's log is in the cell's folder

@@ -13,9 +13,11 @@ their addresses to `<cell logs>/node-<node>.addr.json` (the orchestrator health-
 the first node), and supervises them:
 - a server that exits (or never starts) makes the agent stop the node's other servers and exit
   non-zero with a line naming the node and the server: the cell fails with that message;
-- SIGTERM / SIGINT (teardown, `scancel`: Slurm signals every step) stops every server (SIGTERM to
-  its group, SIGKILL after the grace period) before the agent exits; each server also dies with the
-  agent if the agent is SIGKILLed (PR_SET_PDEATHSIG), so nothing outlives the step.
+- SIGTERM / SIGINT (teardown: `scancel -s TERM <job>.<step>`; `scancel` of the job signals every
+  step) stops every server (SIGTERM to its group, SIGKILL after the grace period) before the agent
+  exits; each server also dies with the agent if the agent is SIGKILLed (PR_SET_PDEATHSIG), so
+  nothing outlives the step. (SIGTERM to `srun` itself is no graceful stop: srun then kills the
+  step outright; it is the teardown's fallback.)
 Logs go straight into the cell's log folder (the shared filesystem the launcher already needs).
 """
 
@@ -189,8 +191,9 @@ def run_agent(spec_path: str) -> int:
         finally:
             log.close()
         addrs[s["name"]] = {"url": f"http://{host}:{port}", "pid": procs[s["name"]].pid}
+    step = f"{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}" if os.environ.get("SLURM_STEP_ID") else None
     _write_json(spec["addr_file"], {"node": node, "hostname": socket.gethostname(), "agent_pid": os.getpid(),
-                                    "servers": addrs})
+                                    "step": step, "servers": addrs})
     started = ", ".join(f"{n} ({a['url']})" for n, a in addrs.items())
     print(f"node {node}: started {started}", flush=True)
     rc = 0

@@ -596,15 +596,21 @@ class RemoteNode:
         return [RemoteServer(s, self) for s in self.specs]
 
     def stop(self, grace_s: float) -> int | None:
-        """SIGTERM to srun (forwarded to the agent, which stops its servers), SIGKILL after the grace."""
+        """SIGTERM to the step's agent (`scancel -s TERM job.step`: it stops its servers), then, if the
+        step is still there after the grace, SIGTERM to srun (Slurm kills the step), then SIGKILL."""
         p = self.proc
         if p is None:
             return None
         try:
+            if p.poll() is None and self.addrs.get("step"):
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(["scancel", "-s", "TERM", str(self.addrs["step"])], capture_output=True, timeout=30)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=grace_s + 5)
             if p.poll() is None:
                 _signal_group(p.pid, signal.SIGTERM)
                 try:
-                    p.wait(timeout=grace_s + 10)
+                    p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     _signal_group(p.pid, signal.SIGKILL)  # the step dies with srun; servers with the agent
                     p.wait(timeout=10)
