@@ -533,7 +533,7 @@ class RemoteNode:
             cmd.append(f"--gpus-per-node={gpus}")
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # the servers share the node's CPUs of the job
             cmd.append(f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
-        python = str(self.plan.router.cmd[0]) if self.plan.router.cmd else sys.executable
+        python = str(self.specs[0].cmd[0])  # the servers' interpreter (backend.python) runs the agent too
         return cmd + [python, "-m", "repro.backends.sglang.node_agent", "--spec", self.spec_path]
 
     def start(self) -> None:
@@ -586,10 +586,10 @@ class RemoteNode:
             time.sleep(0.2)
         self.addrs = info
         urls = {}
-        for s in self.specs:
-            i = int(s.name.lstrip("serverworker"))
-            urls[f"{{url:worker{i}}}"] = info["servers"][s.name]["url"]
-            s.health_url = info["servers"][s.name]["url"] + "/health"
+        for s in self.specs:  # health_url was "<placeholder>/health" until now
+            url = info["servers"][s.name]["url"]
+            urls[s.health_url.removesuffix("/health")] = url
+            s.health_url = url + "/health"
         return urls
 
     def servers(self) -> list["RemoteServer"]:
