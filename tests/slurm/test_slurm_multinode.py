@@ -148,3 +148,21 @@ def test_scancel_mid_cell_leaves_no_process_on_any_node(slurm_cluster, tmp_path)
         wait_for(lambda: not _procs_mentioning(tmp_path), 30, "every process of the cell to end")
     finally:
         cancel_by_name(name)
+
+
+def test_a_remote_server_that_never_gets_healthy_fails_the_start_naming_its_node(slurm_cluster, tmp_path):
+    _needs_two_nodes(slurm_cluster)
+    name = unique_name()
+    try:
+        job = _submit(tmp_path, name, CELL + ["++backend.emulator.faults={8:never_healthy}",
+                                             "backend.timeouts.server_start_s=6"])
+        _wait_done(job, 180)
+        (row,) = sacct_rows(name, 1)
+    finally:
+        cancel_by_name(name)
+    out = (tmp_path / "job.out").read_text()
+    assert row["State"] == "FAILED", (row, out[-3000:])
+    assert "not healthy after" in out and "worker8 on node node2" in out, out[-3000:]
+    assert not list((tmp_path / "results").glob("fig6_workers/*/summary.json"))
+    time.sleep(1)
+    assert not _procs_mentioning(tmp_path), "processes of the cell outlived it"
