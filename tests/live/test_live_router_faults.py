@@ -323,7 +323,14 @@ def test_hostile_bodies_get_4xx_without_blocking_small_requests(tmp_path):
 
 
 def test_unknown_sampling_params_and_config_limits():
-    from repro.backends.sglang.router_service import RouterServiceConfig
+    from repro.backends.sglang.router_service import INLINE_PARSE_BYTES, RouterService, RouterServiceConfig
+
+    # deep nesting below the size that goes to the parser process: the same 400, on the event loop
+    svc = RouterService(RecordingRouter(), RouterServiceConfig(worker_urls=["http://127.0.0.1:9"]))
+    small_nested = b"[" * 20_000 + b"]" * 20_000
+    assert len(small_nested) <= INLINE_PARSE_BYTES
+    with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
+        svc._parse_request(small_nested)
 
     with pytest.raises(protocol.ProtocolError, match=r"unknown sampling_params \['temprature'\]"):
         protocol.check_known_keys({"input_ids": [1], "sampling_params": {"temprature": 0}})
