@@ -94,6 +94,7 @@ def test_a_ten_worker_fig6_cell_spans_two_nodes_and_matches_the_one_node_cell(sl
     two, one = _cell_dir(tmp_path / "two"), _cell_dir(tmp_path / "one")
     assert two.name == one.name  # same run signature: where it ran is not part of the result
     stats = json.loads((two / "logs" / "worker_stats.json").read_text())
+    assert [s["worker_id"] for s in stats] == list(range(10))  # each URL answered by its own worker
     assert [s["slurmd_nodename"] for s in stats] == ["node1"] * 5 + ["node2"] * 5
     assert sum(s["requests_finished"] for s in stats) == 200
     codes = json.loads((two / "logs" / "exit_codes.json").read_text())

@@ -90,14 +90,20 @@ def split_workers(num_workers: int, nodes: Sequence[Node]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- the agent
-def _free_ports(n: int, host: str) -> list[int]:
-    socks = []
+def _free_ports(n: int, host: str, avoid: Sequence[int] = ()) -> list[int]:
+    """n distinct free ports on host, none in `avoid` (held open together while picking)."""
+    socks, ports = [], []
     try:
-        for _ in range(n):
+        for _ in range(n + len(avoid) + 100):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            port = s.getsockname()[1]
+            if port not in avoid:
+                ports.append(port)
+                if len(ports) == n:
+                    return ports
+        raise OSError(f"no {n} free ports on {host} outside {sorted(avoid)}")
     finally:
         for s in socks:
             s.close()
@@ -168,7 +174,7 @@ def run_agent(spec_path: str) -> int:
         print(f"node {node}: the servers need {need} GPUs, the step has {len(gpus)} "
               f"(CUDA_VISIBLE_DEVICES={','.join(gpus) or 'unset'})", file=sys.stderr, flush=True)
         return 3
-    ports = _free_ports(len(servers), host)
+    ports = _free_ports(len(servers), host, set(spec.get("avoid_ports") or ()))
     procs: dict[str, subprocess.Popen] = {}
     addrs = {}
     used = 0

@@ -95,6 +95,7 @@ class CellPlan:
     client: dict  # ClientConfig keys
     gpus: list[list[str]] = field(default_factory=list)
     nodes: list = field(default_factory=list)  # node_agent.Node of the job, this node first; [] = one node
+    local_ports: list[int] = field(default_factory=list)  # this node's servers and router: agents avoid them
 
     def remote_nodes(self) -> dict[str, list[ProcessSpec]]:
         out: dict[str, list[ProcessSpec]] = {}
@@ -411,8 +412,9 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
         "cell_s": float(timeouts.get("cell_s", 14400)),
         "shutdown_grace_s": float(timeouts.get("shutdown_grace_s", 20)),
     }
+    local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(workers, router, router_url, worker_urls, log_dir, emulate, router_impl, time_scale,
-                    full_timeouts, client_cfg, gpus, nodes)
+                    full_timeouts, client_cfg, gpus, nodes, local_ports)
 
 
 # ---------------------------------------------------------------------------- processes
@@ -544,6 +546,9 @@ class RemoteNode:
             os.remove(self.addr_path)
         atomic_write_json(self.spec_path, {
             "host": self.node.addr, "addr_file": self.addr_path, "grace_s": self.plan.timeouts["shutdown_grace_s"],
+            # ports this node's processes were given but may not have bound yet: not free for the agent
+            # when "nodes" share a host (the test cluster); harmless elsewhere
+            "avoid_ports": self.plan.local_ports,
             "servers": [{"name": s.name, "cmd": s.cmd, "env": s.env, "log": s.log_path, "gpus": s.gpus}
                         for s in self.specs],
         })
@@ -754,6 +759,10 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 servers += r.servers()
             startup["workers_s"] = wait_healthy(servers, plan.timeouts["server_start_s"] - (time.monotonic() - t0),
                                                 deadline=cell_deadline) + (time.monotonic() - t0)
+            for p in servers:  # one that lost its port to another process answers /health through that one
+                rc = p.poll()
+                if rc is not None:
+                    raise ServerStartError(p.describe_failure(f"exited with code {rc} while the others became healthy"))
             if remote:
                 atomic_write_json(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # with the real URLs
             router = ManagedProcess(plan.router)
