@@ -660,7 +660,10 @@ class RouterService:
         from aiohttp import web
 
         self.rejected += 1
-        return web.json_response(protocol.error_body(message, kind, status), status=status)
+        resp = web.json_response(protocol.error_body(message, kind, status), status=status)
+        if status == 413:  # close instead of reading the rest of a too-large body to reuse the connection
+            resp.force_close()
+        return resp
 
     def _fail(self, f: _Flight, status: int, message: str, kind: str):
         from aiohttp import web
