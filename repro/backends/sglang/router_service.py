@@ -1007,10 +1007,7 @@ def _parser_init(config: RouterServiceConfig) -> None:
     """In the parser process: a service shell with the same config, for _parse_request / _prompt_ids
     (so the parser tokenizes exactly as the service would)."""
     global _PARSER
-    shell = RouterService.__new__(RouterService)
-    shell.config = config
-    shell._tokenizer = None
-    _PARSER = shell
+    _PARSER = RouterService(None, config)  # never started: only its parsing and tokenizer are used
 
 
 def _parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
