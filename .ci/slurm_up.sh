@@ -16,7 +16,7 @@
 #                     see a hard-killed job (SIGKILL, OOM, time limit, scancel) and the sweep waits forever.
 #          NNODES     compute nodes node1..nodeN (default 2), one slurmd each, all on this host (Debian's
 #                     Slurm is built with multiple-slurmd): lets a test place one cell on two nodes.
-#          GPUS_PER_NODE  fake GPUs per node (default 2; 0 = none): gres entries backed by /dev/null clones, so
+#          GPUS_PER_NODE  fake GPUs per node (default 5: a 10-worker cell fits two nodes; 0 = none): gres entries backed by /dev/null clones, so
 #                     --gpus-per-node requests are scheduled and CUDA_VISIBLE_DEVICES is set; no real GPU.
 #          NCPU, MEM_MB   CPUs per node (default nproc: the nodes oversubscribe the host) and memory of the
 #                     whole host split over the nodes (default 90% of MemTotal; RealMemory must be set or
@@ -36,7 +36,7 @@ MEM_MB=${MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo
 PORT_CTLD=${PORT_CTLD:-6817}
 PORT_SLURMD=${PORT_SLURMD:-6820}
 NNODES=${NNODES:-2}
-GPUS_PER_NODE=${GPUS_PER_NODE:-2}
+GPUS_PER_NODE=${GPUS_PER_NODE:-5}
 PORT_DBD=${PORT_DBD:-6819}
 PORT_DB=${PORT_DB:-3306}
 CLUSTER=repro

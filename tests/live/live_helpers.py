@@ -131,7 +131,7 @@ class FakeWorker:
     async def start(self) -> int:
         from aiohttp import web
 
-        app = web.Application()
+        app = web.Application(client_max_size=1 << 26)  # the router's body limit is what tests probe
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/server_info", self._info)

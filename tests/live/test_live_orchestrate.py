@@ -305,3 +305,25 @@ def test_a_worker_killed_mid_run_never_hangs_the_cell(tmp_path):
 
     assert summarize(rec)["num_failed"] == n_failed
     _no_process_left(plan)
+
+
+def test_plan_spreads_workers_over_the_nodes_of_a_slurm_job(tmp_path, monkeypatch):
+    """10 workers in a 2-node job: 5 here, 5 started by node2's agent on its address; their URLs are
+    placeholders until the agent reports its ports, then the router gets the real ones."""
+    from repro.backends.sglang import node_agent
+
+    nodes = [node_agent.Node("node1", "10.0.0.1"), node_agent.Node("node2", "10.0.0.2")]
+    monkeypatch.setattr(node_agent, "job_nodes", lambda env=None: nodes)
+    plan = orchestrate.plan_cell(_cfg(10), [20_000] * 10, _seeds(10), tmp_path / "logs")
+    assert [w.node for w in plan.workers] == [None] * 5 + ["node2"] * 5
+    assert all(w.cmd[w.cmd.index("--host") + 1] == "127.0.0.1" for w in plan.workers[:5])
+    assert all(w.cmd[w.cmd.index("--host") + 1] == "10.0.0.2" and "{port}" in w.cmd for w in plan.workers[5:])
+    assert plan.worker_urls[5:] == [f"{{url:worker{i}}}" for i in range(5, 10)]
+    plan.bind_urls({f"{{url:worker{i}}}": f"http://10.0.0.2:{4000 + i}" for i in range(5, 10)})
+    assert plan.router.config["service"]["worker_urls"][5:] == [f"http://10.0.0.2:{4000 + i}" for i in range(5, 10)]
+    assert [w["node"] for w in plan.describe()["workers"]] == ["node1"] * 5 + ["node2"] * 5
+    assert node_agent.split_workers(9, nodes) == [0] * 5 + [1] * 4
+    # placement: local keeps everything here
+    cfg = _cfg(10)
+    cfg["backend"]["placement"] = "local"
+    assert all(w.node is None for w in orchestrate.plan_cell(cfg, [20_000] * 10, _seeds(10), tmp_path / "l").workers)

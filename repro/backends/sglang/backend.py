@@ -40,20 +40,20 @@ from repro.confutil import get_path, to_plain
 
 BACKEND_KEYS = frozenset({
     "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
-    "timeouts", "router_service", "sglang_router", "client", "emulator",
+    "timeouts", "router_service", "sglang_router", "client", "emulator", "placement",
 })
 SECTION_KEYS = {
     "server": {"model_path", "load_format", "dtype", "random_seed", "extra_args", "env"},
     "timeouts": {"server_start_s", "router_start_s", "request_s", "connect_s", "cell_s", "shutdown_grace_s"},
     "router_service": {"max_retries", "health_check_interval_s", "health_check_timeout_s",
                        "health_failure_threshold", "startup_health_timeout_s", "load_poll_interval_s",
-                       "view_tracker"},
+                       "view_tracker", "stall_timeout_s", "max_body_bytes"},
     "sglang_router": {"extra_args"},
     "client": {"send_reference_output", "send_text"},
     "emulator": {"startup_delay_s", "fault", "faults"},
 }
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
-NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python")
+NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
 SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
 
 
@@ -111,6 +111,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
         v = get_path(b, f"timeouts.{key}")
         if v is not None and not _is_pos(v):
             errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
+    if b.get("placement", "auto") not in ("auto", "local"):
+        errs.append(f"backend.placement must be auto or local, got {b.get('placement')!r}")
     gpus = b.get("gpus")
     if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, (int, str)) for g in gpus)):
         errs.append(f"backend.gpus must be null or a list of GPU ids, got {gpus!r}")

@@ -392,6 +392,9 @@ class EmulatedWorker:
         return web.json_response(
             {
                 "worker_id": self.cfg.worker_id,
+                # where it runs: multi-node tests check the placement with it (all "nodes" may be one host)
+                "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
+                "pid": os.getpid(),
                 "requests_received": self.requests_received,
                 "requests_finished": self.requests_finished,
                 "prefill_steps": s.prefill_steps,

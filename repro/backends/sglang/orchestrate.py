@@ -9,7 +9,10 @@ RLT patch applied) on its own GPU(s) via CUDA_VISIBLE_DEVICES; with `emulate: tr
 is an emulated SGLang worker (repro.backends.sglang.emulated_worker) — that is how CI runs this
 whole path without a GPU. The router is our router service (`router_impl: ours`, the cell's
 cfg.router) or the real Rust `sglang-router` (`router_impl: sglang_router`, cache_aware / random
-/ round_robin only). Every process binds 127.0.0.1 on a free port.
+/ round_robin only). Every process binds 127.0.0.1 on a free port; in a Slurm job of several
+nodes (`backend.placement: auto`) the servers of the other nodes are started there by one srun
+step per node and bind that node's address (node_agent.py; launchers/README.md says what that
+exposes), while router, client and results stay on this node.
 
 Guarantees:
 - Bounded in time: servers must answer /health within timeouts.server_start_s (the router within
@@ -74,6 +77,8 @@ class ProcessSpec:
     health_url: str
     config_path: str | None = None
     config: dict | None = None  # written to config_path before the start
+    node: str | None = None  # None: this node; else started there by a node agent (node_agent.py)
+    gpus: int = 0  # GPUs a remote server takes from its node's step (tensor_parallel)
 
 
 @dataclass
@@ -89,6 +94,22 @@ class CellPlan:
     timeouts: dict
     client: dict  # ClientConfig keys
     gpus: list[list[str]] = field(default_factory=list)
+    nodes: list = field(default_factory=list)  # node_agent.Node of the job, this node first; [] = one node
+    local_ports: list[int] = field(default_factory=list)  # this node's servers and router: agents avoid them
+
+    def remote_nodes(self) -> dict[str, list[ProcessSpec]]:
+        out: dict[str, list[ProcessSpec]] = {}
+        for w in self.workers:
+            if w.node is not None:
+                out.setdefault(w.node, []).append(w)
+        return out
+
+    def bind_urls(self, urls: Mapping[str, str]) -> None:
+        """Put the discovered addresses of remote servers (placeholder -> URL) into the plan."""
+        self.worker_urls = [urls.get(u, u) for u in self.worker_urls]
+        self.router.cmd = [urls.get(a, a) for a in self.router.cmd]
+        if self.router.config is not None and "service" in self.router.config:
+            self.router.config["service"]["worker_urls"] = list(self.worker_urls)
 
     def describe(self) -> dict:
         def proc(p: ProcessSpec) -> dict:
@@ -104,7 +125,9 @@ class CellPlan:
             "gpus": self.gpus,
             "timeouts": self.timeouts,
             "client": self.client,
-            "workers": [proc(p) for p in self.workers],
+            "nodes": [[n.name, n.addr] for n in self.nodes],
+            "workers": [{**proc(p), "node": p.node or (self.nodes[0].name if self.nodes else None)}
+                        for p in self.workers],
             "router": proc(self.router),
         }
 
@@ -259,10 +282,28 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     python = str(b.get("python") or sys.executable)
     timeouts = dict(b.get("timeouts") or {})
     log_dir = str(Path(log_dir).resolve())
+    from repro.backends.sglang.node_agent import PORT_PLACEHOLDER, PlacementError, job_nodes, split_workers
+
+    placement = str(b.get("placement", "auto"))
+    if placement not in ("auto", "local"):
+        raise OrchestrationError(f"backend.placement must be auto or local, got {placement!r}")
+    try:
+        nodes = (job_nodes() or []) if placement == "auto" else []
+    except PlacementError as exc:
+        raise OrchestrationError(f"cannot place the cell on the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')}: "
+                                 f"{exc} (backend.placement=local keeps every server on this node)") from None
+    node_of = split_workers(m, nodes) if nodes else [0] * m
     ports = list(ports) if ports is not None else free_ports(m + 1, host)
     if len(ports) != m + 1:
         raise OrchestrationError(f"need {m + 1} ports, got {len(ports)}")
-    worker_urls = [f"http://{host}:{p}" for p in ports[:m]]
+    # a remote server's URL is a placeholder until its node agent reports the port it got
+    worker_urls = [f"http://{host}:{p}" if node_of[i] == 0 else f"{{url:worker{i}}}" for i, p in enumerate(ports[:m])]
+
+    def where(i: int) -> tuple[str, str | int, str | None]:  # (bind host, port, remote node name)
+        if node_of[i] == 0:
+            return host, ports[i], None
+        return nodes[node_of[i]].addr, PORT_PLACEHOLDER, nodes[node_of[i]].name
+
     router_port = ports[m]
     eviction = dict(cfg["eviction"])
     scheduler = dict(cluster.get("scheduler") or {})
@@ -291,20 +332,23 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
                 "fault": faults.get(i, emu.get("fault")),
                 "tokenizer": tokenizer,
             }
-            workers.append(ProcessSpec(f"worker{i}", emulated_worker_command(python, host, ports[i], path), {},
+            h, port, node = where(i)
+            workers.append(ProcessSpec(f"worker{i}", emulated_worker_command(python, h, port, path), {},
                                        os.path.join(log_dir, f"worker{i}.log"), f"{worker_urls[i]}/health",
-                                       path, config))
+                                       path, config, node=node))
     else:
         srv = dict(b.get("server") or {})
-        gpus = assign_gpus(m, tp, b.get("gpus"))
+        n_local = node_of.count(0)
+        gpus = assign_gpus(n_local, tp, b.get("gpus")) + [[] for _ in range(m - n_local)]
         model_path = srv.get("model_path") or model.get("hf_id")
         if not model_path:
             raise OrchestrationError("backend.server.model_path is not set and the model config has no hf_id")
         explicit = cluster.get("kv_cache_tokens")
         seed = srv.get("random_seed")
         for i in range(m):
+            h, port, node = where(i)
             cmd = sglang_server_command(
-                python, model_path, host, ports[i], eviction["name"], scheduler,
+                python, model_path, h, port, eviction["name"], scheduler,
                 kv_cache_tokens=int(capacities[i]) if explicit is not None else None,
                 mem_fraction=None if explicit is not None else float(cluster["mem_fraction"]),
                 tensor_parallel=tp,
@@ -319,9 +363,10 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
             # (which would put a probe path into the radix cache the experiment measures).
             env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
             env.update({str(k): str(v) for k, v in (srv.get("env") or {}).items()})
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
+            if node is None:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])  # remote: the node agent splits its step's GPUs
             workers.append(ProcessSpec(f"server{i}", cmd, env, os.path.join(log_dir, f"server{i}.log"),
-                                       f"{worker_urls[i]}/health"))
+                                       f"{worker_urls[i]}/health", node=node, gpus=tp if node else 0))
 
     request_timeout_s = float(timeouts.get("request_s", 600))
     router_url = f"http://{host}:{router_port}"
@@ -370,8 +415,9 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
         "cell_s": float(timeouts.get("cell_s", 14400)),
         "shutdown_grace_s": float(timeouts.get("shutdown_grace_s", 20)),
     }
+    local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(workers, router, router_url, worker_urls, log_dir, emulate, router_impl, time_scale,
-                    full_timeouts, client_cfg, gpus)
+                    full_timeouts, client_cfg, gpus, nodes, local_ports)
 
 
 # ---------------------------------------------------------------------------- processes
@@ -450,6 +496,157 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # the child is its session's leader: its pgid is its pid
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# ---------------------------------------------------------------------------- other nodes
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class RemoteNode:
+    """The servers of one other node of the job: one `srun` step running node_agent there."""
+
+    def __init__(self, node: Any, specs: Sequence[ProcessSpec], plan: CellPlan):
+        self.node = node
+        self.specs = list(specs)
+        self.plan = plan
+        base = os.path.join(plan.log_dir, f"node-{node.name}")
+        self.spec_path, self.addr_path, self.log_path = base + ".json", base + ".addr.json", base + ".log"
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self.addrs: dict = {}
+
+    @property
+    def name(self) -> str:
+        return f"node {self.node.name}"
+
+    def srun_command(self) -> list[str]:
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job:
+            raise OrchestrationError("servers on other nodes need a Slurm job (SLURM_JOB_ID is not set)")
+        cmd = ["srun", f"--jobid={job}", "-N1", "-n1", f"--nodelist={self.node.name}", "--kill-on-bad-exit=1",
+               f"--job-name=repro-servers-{self.node.name}"]
+        gpus = sum(s.gpus for s in self.specs)
+        if gpus:
+            cmd.append(f"--gpus-per-node={gpus}")
+        if os.environ.get("SLURM_CPUS_PER_TASK"):  # the servers share the node's CPUs of the job
+            cmd.append(f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
+        python = str(self.specs[0].cmd[0])  # the servers' interpreter (backend.python) runs the agent too
+        return cmd + [python, "-m", "repro.backends.sglang.node_agent", "--spec", self.spec_path]
+
+    def start(self) -> None:
+        for s in self.specs:
+            if s.config_path is not None and s.config is not None:
+                atomic_write_json(s.config_path, s.config)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.addr_path)
+        atomic_write_json(self.spec_path, {
+            "host": self.node.addr, "addr_file": self.addr_path, "grace_s": self.plan.timeouts["shutdown_grace_s"],
+            # ports this node's processes were given but may not have bound yet: not free for the agent
+            # when "nodes" share a host (the test cluster); harmless elsewhere
+            "avoid_ports": self.plan.local_ports,
+            "servers": [{"name": s.name, "cmd": s.cmd, "env": s.env, "log": s.log_path, "gpus": s.gpus}
+                        for s in self.specs],
+        })
+        cmd = self.srun_command()
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        root = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for k in ("SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_NPROCS"):  # the cell's own step
+            env.pop(k, None)
+        self._log = open(self.log_path, "ab", buffering=0)
+        self._log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(cmd)}\n".encode())
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        except OSError as exc:
+            raise ServerStartError(f"{self.name}: cannot run {shlex.join(cmd)}: {exc}") from exc
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def failure(self, what: str) -> str:
+        return (f"{self.name}: {what}\n  step: {shlex.join(self.srun_command())}\n  agent log: {self.log_path}\n"
+                f"  last lines of the agent log:\n" + "\n".join("    " + ln for ln in _tail(self.log_path).splitlines()))
+
+    def wait_addresses(self, deadline: float) -> dict[str, str]:
+        """{placeholder URL: real URL} of this node's servers, once the agent has written them."""
+        while True:
+            rc = self.poll()
+            if rc is not None:
+                raise ServerStartError(self.failure(f"the server step ended with code {rc} before reporting addresses"))
+            try:
+                with open(self.addr_path) as fh:
+                    info = json.load(fh)
+                break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                raise ServerStartError(self.failure("no server addresses reported in time (is the step pending?)"))
+            time.sleep(0.2)
+        self.addrs = info
+        urls = {}
+        for s in self.specs:  # health_url was "<placeholder>/health" until now
+            url = info["servers"][s.name]["url"]
+            urls[s.health_url.removesuffix("/health")] = url
+            s.health_url = url + "/health"
+        return urls
+
+    def servers(self) -> list["RemoteServer"]:
+        return [RemoteServer(s, self) for s in self.specs]
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM to the step's agent (`scancel -s TERM job.step`: it stops its servers), then, if the
+        step is still there after the grace, SIGTERM to srun (Slurm kills the step), then SIGKILL."""
+        p = self.proc
+        if p is None:
+            return None
+        try:
+            if p.poll() is None and self.addrs.get("step"):
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(["scancel", "-s", "TERM", str(self.addrs["step"])], capture_output=True, timeout=30)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=grace_s + 5)
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    _signal_group(p.pid, signal.SIGKILL)  # the step dies with srun; servers with the agent
+                    p.wait(timeout=10)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        return p.returncode
+
+
+class RemoteServer:
+    """One remote server as wait_healthy sees it (it exits = its node's step ended)."""
+
+    def __init__(self, spec: ProcessSpec, node: RemoteNode):
+        self.spec = spec
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.name} on node {self.spec.node}"
+
+    def poll(self) -> int | None:
+        return self.node.poll()
+
+    def describe_failure(self, what: str) -> str:
+        return (f"{self.name} {what}\n  log: {self.spec.log_path}\n  last lines of the log:\n"
+                + "\n".join("    " + ln for ln in _tail(self.spec.log_path).splitlines())
+                + "\n" + self.node.failure("its node agent"))
 
 
 # Local probes never go through an http_proxy of the environment (Slurm nodes often set one).
@@ -546,14 +743,31 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_json(os.path.join(plan.log_dir, "plan.json"), plan.describe())
     procs: list[ManagedProcess] = []
+    remote = [RemoteNode(node, plan.remote_nodes()[node.name], plan) for node in plan.nodes[1:]
+              if node.name in plan.remote_nodes()]
     startup: dict[str, float] = {}
     try:
         with _sigterm_raises():
             for spec in plan.workers:
-                p = ManagedProcess(spec)
-                procs.append(p)
-                p.start()
-            startup["workers_s"] = wait_healthy(procs, plan.timeouts["server_start_s"], deadline=cell_deadline)
+                if spec.node is None:
+                    p = ManagedProcess(spec)
+                    procs.append(p)
+                    p.start()
+            for r in remote:
+                r.start()
+            servers: list[Any] = list(procs)
+            t0 = time.monotonic()
+            for r in remote:  # their addresses first, then everyone's health
+                plan.bind_urls(r.wait_addresses(min(t0 + plan.timeouts["server_start_s"], cell_deadline)))
+                servers += r.servers()
+            startup["workers_s"] = wait_healthy(servers, plan.timeouts["server_start_s"] - (time.monotonic() - t0),
+                                                deadline=cell_deadline) + (time.monotonic() - t0)
+            for p in servers:  # one that lost its port to another process answers /health through that one
+                rc = p.poll()
+                if rc is not None:
+                    raise ServerStartError(p.describe_failure(f"exited with code {rc} while the others became healthy"))
+            if remote:
+                atomic_write_json(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # with the real URLs
             router = ManagedProcess(plan.router)
             procs.append(router)
             router.start()
@@ -563,14 +777,33 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 raise CellTimeoutError(f"timeouts.cell_s={plan.timeouts['cell_s']:g}s spent before the replay started")
             client_cfg = ClientConfig(**plan.client)
 
+            async def _watch_nodes():  # a lost node or server fails the cell (it cannot be replaced)
+                while True:
+                    for r in remote:
+                        rc = r.poll()
+                        if rc is not None:
+                            return r, rc
+                    await asyncio.sleep(0.5)
+
             async def _replay():
+                run = asyncio.ensure_future(replay(requests, plan.router_url, client_cfg, progress))
+                watch = asyncio.ensure_future(_watch_nodes())
                 try:
-                    return await asyncio.wait_for(replay(requests, plan.router_url, client_cfg, progress), remaining)
-                except asyncio.TimeoutError:
+                    done, _ = await asyncio.wait({run, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                    if run in done:
+                        return run.result()
+                    if watch in done:
+                        r, rc = watch.result()
+                        raise ServerStartError(r.failure(f"the server step ended with code {rc} in the middle of "
+                                                         f"the cell"))
                     raise CellTimeoutError(
                         f"the replay ran past timeouts.cell_s={plan.timeouts['cell_s']:g}s "
                         f"(router log: {plan.router.log_path})"
-                    ) from None
+                    )
+                finally:
+                    for t in (run, watch):
+                        t.cancel()
+                    await asyncio.gather(run, watch, return_exceptions=True)
 
             records, report = asyncio.run(_replay())
             atomic_write_json(os.path.join(plan.log_dir, "client_report.json"), report)
@@ -588,6 +821,8 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
         exit_codes = {}
         for p in reversed(procs):  # router first, then the workers
             exit_codes[p.name] = p.stop(grace)
+        for r in remote:
+            exit_codes[r.name] = r.stop(grace)
         with contextlib.suppress(OSError):
             atomic_write_json(os.path.join(plan.log_dir, "exit_codes.json"), exit_codes)
 

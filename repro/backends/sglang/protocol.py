@@ -126,6 +126,40 @@ def parse_generate_request(body: Any) -> GenerateInput:
     return GenerateInput(input_ids, text, int(max_new), stream, rid, reference, body)
 
 
+# What the router service forwards (sglang 0.5.23 `GenerateReqInput` / `SamplingParams` fields a
+# text-only LLM request uses). Anything else is refused with a 400 naming it: a typo'd option would
+# otherwise be ignored by SGLang without a word, and a junk field would ride along to every worker.
+FORWARDED_KEYS = frozenset({
+    "text", "input_ids", "sampling_params", "stream", "rid", OUTPUT_IDS_KEY,
+    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
+})
+SAMPLING_KEYS = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
+})
+
+
+def check_known_keys(body: Any) -> None:
+    """ProtocolError naming the keys of a /generate body outside FORWARDED_KEYS / SAMPLING_KEYS."""
+    if not isinstance(body, dict):
+        return  # parse_generate_request names that
+    unknown = sorted(set(body) - FORWARDED_KEYS)
+    if unknown:
+        raise ProtocolError(f"unknown request fields {_names(unknown)} (accepted: {sorted(FORWARDED_KEYS)})")
+    sp = body.get("sampling_params")
+    if isinstance(sp, dict):
+        unknown = sorted(set(sp) - SAMPLING_KEYS)
+        if unknown:
+            raise ProtocolError(f"unknown sampling_params {_names(unknown)} (accepted: {sorted(SAMPLING_KEYS)})")
+
+
+def _names(keys: list[str], n: int = 5) -> str:
+    shown = [k if len(k) <= 40 else k[:40] + "..." for k in keys[:n]]
+    return str(shown) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
 def generate_body(
     input_ids: Sequence[int] | np.ndarray,
     max_new_tokens: int,

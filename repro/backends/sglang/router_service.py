@@ -49,6 +49,23 @@ Faults:
 - Health: every `health_check_interval_s` GET /health on every worker; `health_failure_threshold`
   consecutive failures mark it unhealthy, one success healthy again; a refused connection during a
   request marks it unhealthy at once. With zero healthy workers requests get 503 at once.
+- Marked unhealthy (e.g. a frozen worker: SIGSTOP, a hung GPU) = its requests stop waiting for it
+  at once: those without a first byte go to another worker (as a retry), its open streams end with
+  an error event. So a frozen worker costs its requests the detection time (about interval +
+  threshold x timeout), never `request_timeout_s`.
+- Stall limit `stall_timeout_s` (default 60 s): an open stream whose worker then sends nothing for
+  that long is ended with an error event (and counts as one failed health check). The wait for the
+  FIRST event has no such limit: a queued request or a 126k-token prefill may take minutes on a busy
+  worker and is healthy. Between two events of a healthy SGLang server there is one scheduler step:
+  a decode step (~20-50 ms for 8B on an L40) or a chunked-prefill step (a few seconds at most), so
+  60 s never ends a healthy stream, whether the answer has 4 tokens or 128, and ends a silent one
+  in a minute instead of the ten of the request deadline.
+- Bad input, answered before any work: a body over `max_body_bytes` (default 4 MiB; a 128k-token
+  prompt as ids plus its text is ~1.6 MB) -> 413 without reading it; not JSON or nested too deeply
+  -> 400; fields outside protocol.FORWARDED_KEYS / SAMPLING_KEYS -> 400 naming them (so only known
+  fields are forwarded). Bodies over 64 KiB are parsed and tokenized in a parser process (one,
+  spawned on the first such body), not on the event loop: JSON decoding and the tokenizer's regex
+  hold the GIL, so a thread would still stall small requests (~0.1 s for a 4 MB text prompt).
 - Start-up: the service refuses to start (NoHealthyWorkersError, exit code 2 from the CLI) when
   none of the workers answers /health within `startup_health_timeout_s`.
 """
@@ -57,12 +74,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 import signal
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -73,6 +92,7 @@ from repro.routing.lbgr import tracker_access
 from repro.workloads.request import Request
 
 log = logging.getLogger("repro.router_service")
+INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (~1 ms of work)
 
 
 class NoHealthyWorkersError(RuntimeError):
@@ -99,6 +119,11 @@ class RouterServiceConfig:
     startup_health_timeout_s: float = 10.0
     load_poll_interval_s: float = 0.0
     tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
+    # A stream that sent its first event and then sends nothing for this long (wall seconds) is
+    # ended with an error (see the module docstring for why 60 s). The wait for the first event
+    # has no such limit: a long prefill or a long queue is healthy.
+    stall_timeout_s: float = 60.0
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413 before anything is parsed
 
     def __post_init__(self) -> None:
         if not self.worker_urls:
@@ -111,7 +136,7 @@ class RouterServiceConfig:
                 f"router service: {len(self.kv_capacity_tokens)} capacities for {len(self.worker_urls)} workers"
             )
         for name in ("time_scale", "request_timeout_s", "connect_timeout_s", "health_check_interval_s",
-                     "health_check_timeout_s", "startup_health_timeout_s"):
+                     "health_check_timeout_s", "startup_health_timeout_s", "stall_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"router service: {name} must be a number > 0, got {v!r}")
@@ -121,6 +146,8 @@ class RouterServiceConfig:
             raise ValueError(
                 f"router service: health_failure_threshold must be an integer >= 1, got {self.health_failure_threshold!r}"
             )
+        if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+            raise ValueError(f"router service: max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if not isinstance(self.load_poll_interval_s, (int, float)) or self.load_poll_interval_s < 0:
             raise ValueError(f"router service: load_poll_interval_s must be >= 0, got {self.load_poll_interval_s!r}")
 
@@ -145,6 +172,8 @@ class WorkerState:
         self.dispatched = 0
         self.completed = 0
         self.failed_attempts = 0
+        self.flights: dict[int, "_Flight"] = {}  # key -> request forwarded here and not released
+        self.down_at: float | None = None  # loop time it was last marked unhealthy
 
     def mark_failure(self, error: str, threshold: int, hard: bool = False) -> None:
         self.last_error = error
@@ -152,6 +181,11 @@ class WorkerState:
         if self.consecutive_failures >= threshold and self.healthy:
             log.warning("worker %d (%s) marked unhealthy: %s", self.worker_id, self.url, error)
             self.healthy = False
+            self.down_at = time.monotonic()
+            # Its requests stop waiting for it: those without a first byte go to another worker,
+            # open streams end with an error (a frozen worker never times them out itself).
+            for f in list(self.flights.values()):
+                f.abort("worker_down", f"worker {self.worker_id} was marked unhealthy ({error})")
 
     def mark_success(self) -> None:
         if not self.healthy:
@@ -239,6 +273,21 @@ class _Flight:
     tracker: protocol.OutputTracker = field(default_factory=protocol.OutputTracker)
     attempts: list = field(default_factory=list)  # (worker, error) of failed attempts
     response: Any = None  # the client's StreamResponse once prepared (no retry after that)
+    # abort(): why the current attempt is being ended from outside (worker marked down, stall),
+    # and the handles that end it: the task waiting for the first byte, the worker's response.
+    abort_reason: tuple[str, str] | None = None
+    phase: Any = None
+    worker_resp: Any = None
+    last_event: float = 0.0  # loop time of the worker's latest stream event
+
+    def abort(self, kind: str, message: str) -> None:
+        if self.abort_reason is not None:
+            return
+        self.abort_reason = (kind, message)
+        if self.phase is not None and not self.phase.done():
+            self.phase.cancel()
+        if self.worker_resp is not None:
+            self.worker_resp.close()  # the pending read of the stream ends at once
 
 
 class _ClientGone(Exception):
@@ -269,6 +318,7 @@ class RouterService:
         self._runner = None
         self._tasks: list[asyncio.Task] = []
         self._tokenizer = None
+        self._pool = None
         self.port: int | None = None
         # counters (GET /stats)
         self.received = 0
@@ -311,7 +361,7 @@ class RouterService:
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if self.config.load_poll_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._poll_loop()))
-        app = web.Application(client_max_size=1 << 28)
+        app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_route("POST", "/generate", self.handle_generate)
         app.router.add_route("PUT", "/generate", self.handle_generate)
         app.router.add_get("/health", self.handle_health)
@@ -332,6 +382,8 @@ class RouterService:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _get_json(self, url: str, timeout_s: float) -> Any:
         import aiohttp
@@ -458,6 +510,7 @@ class RouterService:
     def _on_dispatch(self, f: _Flight, w: WorkerState) -> None:
         f.worker = w.worker_id
         w.dispatched += 1
+        w.flights[f.key] = f
         plen = len(f.prompt_key) // 4
         hit = int(w.tracker.peek_prefix(f.prompt_key)) if w.tracker is not None else 0
         w.waiting[f.key] = plen - hit
@@ -478,6 +531,7 @@ class RouterService:
         w.live_generated += new_tokens
 
     def _release(self, f: _Flight, w: WorkerState) -> None:
+        w.flights.pop(f.key, None)
         if f.key in w.waiting:
             w.waiting_prefill -= w.waiting.pop(f.key)
         held = w.running.pop(f.key, None)
@@ -607,7 +661,10 @@ class RouterService:
         from aiohttp import web
 
         self.rejected += 1
-        return web.json_response(protocol.error_body(message, kind, status), status=status)
+        resp = web.json_response(protocol.error_body(message, kind, status), status=status)
+        if status == 413:  # close instead of reading the rest of a too-large body to reuse the connection
+            resp.force_close()
+        return resp
 
     def _fail(self, f: _Flight, status: int, message: str, kind: str):
         from aiohttp import web
@@ -618,20 +675,60 @@ class RouterService:
             message = f"{message} (attempts: {tried})"
         return web.json_response(protocol.error_body(message, kind, status), status=status)
 
-    async def handle_generate(self, request):
-        loop = asyncio.get_running_loop()
-        recv_wall = loop.time()
-        self.received += 1
-        raw = await request.read()
+    def _parse_request(self, raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
+        """Body bytes -> (parsed request, prompt ids for routing); ProtocolError (-> 400) names the problem."""
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return self._reject(400, f"body is not JSON: {exc}", "invalid_request_error")
+            raise protocol.ProtocolError(f"body is not JSON: {exc}") from None
+        except RecursionError:
+            raise protocol.ProtocolError("body is not acceptable JSON: nested too deeply") from None
+        protocol.check_known_keys(body)
+        inp = protocol.parse_generate_request(body)
+        return inp, self._prompt_ids(inp)
+
+    def _parse_pool(self):
+        """One parser process for big bodies: they queue behind each other, never in front of small
+        requests, and their JSON / tokenizer work (C code that holds the GIL: a thread would still
+        stall the loop) runs outside this process. Started on the first big body."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_parser_init, initargs=(self.config,))
+        return self._pool
+
+    def warm_parser(self) -> None:
+        """Start the parser process now (it imports for ~0.5 s), not on the first big body."""
+        self._parse_pool().submit(_parse_in_child, b'{"input_ids": [1]}')
+
+    async def handle_generate(self, request):
+        from aiohttp import web
+
+        loop = asyncio.get_running_loop()
+        recv_wall = loop.time()
+        self.received += 1
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._reject(413, f"request body of {request.content_length} bytes exceeds the limit of "
+                                     f"{limit} bytes (router_service.max_body_bytes)", "request_too_large")
         try:
-            inp = protocol.parse_generate_request(body)
-            prompt = self._prompt_ids(inp)
+            raw = await request.read()  # aiohttp stops a chunked body at client_max_size (= the limit)
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(413, f"request body exceeds the limit of {limit} bytes "
+                                     f"(router_service.max_body_bytes)", "request_too_large")
+        try:
+            if len(raw) > INLINE_PARSE_BYTES:  # big bodies: JSON and tokenizer work off the event loop
+                inp, prompt = await loop.run_in_executor(self._parse_pool(), _parse_in_child, raw)
+            else:
+                inp, prompt = self._parse_request(raw)
         except protocol.ProtocolError as exc:
             return self._reject(400, str(exc), "invalid_request_error")
+        except BrokenProcessPool as exc:  # the parser process died (OOM?): a fresh one for the next body
+            self._pool = None
+            log.error("request parser process died: %s", exc)
+            return self._reject(500, f"the router's request parser process died: {exc}", "internal")
 
         key = self._next_key
         self._next_key += 1
@@ -690,9 +787,49 @@ class RouterService:
                 w = self._next_worker(tried)
 
     async def _attempt(self, f: _Flight, w: WorkerState, request):
-        """One try on worker w; raises _AttemptFailed while nothing was sent to the client."""
-        import aiohttp
+        """One try on worker w; raises _AttemptFailed while nothing was sent to the client.
+
+        The wait for the worker's first byte runs as its own task so that marking the worker
+        unhealthy (f.abort) ends it at once and the request moves on, instead of waiting for a
+        frozen worker until the request deadline."""
         from aiohttp import web
+
+        f.abort_reason = None
+        phase = asyncio.ensure_future(self._open(f, w))
+        f.phase = phase
+        try:
+            await asyncio.wait({phase})
+        finally:
+            f.phase = None
+            if not phase.done():  # our own deadline: the phase closes what it opened
+                phase.cancel()
+        if phase.cancelled():
+            raise _AttemptFailed((f.abort_reason or ("", "attempt ended"))[1])
+        opened = phase.result()  # _AttemptFailed passes through
+        if opened[0] == "reply":  # the request itself is bad: pass the worker's answer through
+            _, status, text = opened
+            self._release(f, w)
+            self._count_failure(f, "worker_rejected")
+            return web.Response(status=status, body=text.encode(), content_type="application/json",
+                                headers={protocol.WORKER_HEADER: str(w.worker_id)})
+        if f.abort_reason is not None:  # marked down while this task was waking up: nothing sent yet
+            if opened[0] == "stream":
+                opened[1].close()
+            raise _AttemptFailed(f.abort_reason[1])
+        if opened[0] == "json":
+            return self._relay_json(f, w, opened[1])
+        _, resp, lines, first = opened
+        async with resp:
+            f.worker_resp = resp
+            try:
+                return await self._relay_stream(f, w, lines, first, request)
+            finally:
+                f.worker_resp = None
+
+    async def _open(self, f: _Flight, w: WorkerState):
+        """Send the request to w and wait for its first byte: ("stream", resp, lines, first line),
+        ("json", whole body) or ("reply", status, text) for a 4xx; _AttemptFailed otherwise."""
+        import aiohttp
 
         url = f"{w.url}/generate"
         try:
@@ -706,34 +843,48 @@ class RouterService:
             raise _AttemptFailed(f"cannot reach {url}: {type(exc).__name__}: {exc}", hard=True) from None
         except aiohttp.ClientError as exc:
             raise _AttemptFailed(f"{url}: {type(exc).__name__}: {exc}") from None
-        async with resp:
+        keep = False  # True: the caller owns resp (an open stream)
+        try:
             if resp.status >= 500:
                 text = await _safe_text(resp)
                 raise _AttemptFailed(f"HTTP {resp.status} from {url}: {text}")
-            if resp.status != 200:  # the request itself is bad: pass the worker's answer through
-                self._release(f, w)
-                text = await _safe_text(resp)
-                self._count_failure(f, "worker_rejected")
-                return web.Response(status=resp.status, body=text.encode(), content_type="application/json",
-                                    headers={protocol.WORKER_HEADER: str(w.worker_id)})
+            if resp.status != 200:
+                return "reply", resp.status, await _safe_text(resp)
             if not f.stream:
-                return await self._relay_json(f, w, resp)
-            return await self._relay_stream(f, w, resp, request)
+                try:
+                    return "json", await resp.read()
+                except (aiohttp.ClientError, OSError) as exc:
+                    raise _AttemptFailed(f"connection lost reading the reply: {type(exc).__name__}: {exc}",
+                                         hard=True) from None
+            lines = protocol.iter_sse_lines(resp.content)
+            try:
+                first = await lines.__anext__()
+            except StopAsyncIteration:
+                raise _AttemptFailed("stream closed before the first event") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise _AttemptFailed(f"connection lost before the first event: {type(exc).__name__}: {exc}",
+                                     hard=True) from None
+            except protocol.ProtocolError as exc:
+                raise _AttemptFailed(str(exc), retry=False) from None
+            keep = True
+            return "stream", resp, lines, first
+        except BaseException:  # an error, or cancelled by abort() or the deadline: drop the connection
+            resp.close()
+            raise
+        finally:
+            if not keep:
+                resp.release()  # no-op after close(); else the read body's connection is reused
 
-    async def _relay_json(self, f: _Flight, w: WorkerState, resp):
-        import aiohttp
+    def _relay_json(self, f: _Flight, w: WorkerState, raw: bytes):
         from aiohttp import web
 
-        try:
-            raw = await resp.read()
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _AttemptFailed(f"connection lost reading the reply: {type(exc).__name__}: {exc}", hard=True) from None
         try:
             obj = json.loads(raw)
             new = f.tracker.add(obj)
             if not f.tracker.finished:
                 raise protocol.ProtocolError("reply has no finish_reason")
-        except (json.JSONDecodeError, UnicodeDecodeError, protocol.ProtocolError, protocol.WorkerReportedError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, protocol.ProtocolError,
+                protocol.WorkerReportedError) as exc:
             self._release(f, w)
             return self._fail(f, 502, f"malformed reply from worker {w.worker_id}: {exc}", "malformed")
         f.first_token_wall = asyncio.get_running_loop().time()
@@ -742,27 +893,30 @@ class RouterService:
         return web.Response(body=raw, content_type="application/json",
                             headers={protocol.WORKER_HEADER: str(w.worker_id)})
 
-    async def _relay_stream(self, f: _Flight, w: WorkerState, resp, request):
+    async def _relay_stream(self, f: _Flight, w: WorkerState, lines, first: bytes, request):
         import aiohttp
         from aiohttp import web
 
         loop = asyncio.get_running_loop()
-        lines = protocol.iter_sse_lines(resp.content)
         where = f"worker {w.worker_id}"
-        # Nothing reaches the client before the worker's first event: until then we may retry.
-        try:
-            first = await lines.__anext__()
-        except StopAsyncIteration:
-            raise _AttemptFailed("stream closed before the first event") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _AttemptFailed(f"connection lost before the first event: {type(exc).__name__}: {exc}",
-                                 hard=True) from None
-        except protocol.ProtocolError as exc:
-            raise _AttemptFailed(str(exc), retry=False) from None
         out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                       protocol.WORKER_HEADER: str(w.worker_id)})
         await out.prepare(request)
         f.response = out
+        # Stall watchdog: one timer per stream, re-armed lazily (a read only stamps f.last_event).
+        stall = self.config.stall_timeout_s
+        f.last_event = loop.time()
+        timer = None
+
+        def _watch() -> None:
+            nonlocal timer
+            if loop.time() - f.last_event >= stall:
+                f.abort("stalled", f"worker {w.worker_id} sent nothing for {stall:g}s in the middle of the "
+                                   f"stream (router_service.stall_timeout_s)")
+            else:
+                timer = loop.call_at(f.last_event + stall, _watch)
+
+        timer = loop.call_at(f.last_event + stall, _watch)
         done = False
         error: tuple[str, str] | None = None  # (kind, message) sent to the client as an error event
         line: bytes | None = first
@@ -784,6 +938,7 @@ class RouterService:
                     await _write_or_gone(out, line.rstrip(b"\r\n") + b"\n\n")
                 try:
                     line = await lines.__anext__()
+                    f.last_event = loop.time()
                 except StopAsyncIteration:
                     line = None
         except _ClientGone:
@@ -793,8 +948,16 @@ class RouterService:
         except (aiohttp.ClientError, OSError) as exc:
             error = ("worker_failed", f"connection to worker {w.worker_id} lost mid-stream: "
                                       f"{type(exc).__name__}: {exc}")
-            w.mark_failure(error[1], self.config.health_failure_threshold, hard=True)
-        if error is None and not (done and f.tracker.finished):
+            if f.abort_reason is None:  # not our own close of the connection (abort)
+                w.mark_failure(error[1], self.config.health_failure_threshold, hard=True)
+        finally:
+            timer.cancel()
+        finished = error is None and done and f.tracker.finished
+        if not finished and f.abort_reason is not None and (error is None or error[0] != "client_gone"):
+            error = f.abort_reason
+            if error[0] == "stalled":  # counts against the worker like a failed health check
+                w.mark_failure(error[1], self.config.health_failure_threshold)
+        if error is None and not finished:
             error = ("incomplete", f"stream from worker {w.worker_id} ended before the request finished")
         if error is None:
             self._finish_success(f, w)
@@ -808,7 +971,8 @@ class RouterService:
         self._release(f, w)
         self._count_failure(f, error[0])
         if error[0] != "client_gone":
-            await _write_quietly(out, protocol.finish_event_error(f"router: {error[1]}", 502, error[0]), eof=True)
+            code = 504 if error[0] == "stalled" else 502
+            await _write_quietly(out, protocol.finish_event_error(f"router: {error[1]}", code, error[0]), eof=True)
         return out
 
 
@@ -834,6 +998,22 @@ async def _safe_text(resp, limit: int = 500) -> str:
     except Exception as exc:  # the body itself may be broken
         return f"<unreadable body: {exc}>"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ---------------------------------------------------------------------------- parser process
+_PARSER: RouterService | None = None
+
+
+def _parser_init(config: RouterServiceConfig) -> None:
+    """In the parser process: a service shell with the same config, for _parse_request / _prompt_ids
+    (so the parser tokenizes exactly as the service would)."""
+    global _PARSER
+    _PARSER = RouterService(None, config)  # never started: only its parsing and tokenizer are used
+
+
+def _parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
+    inp, ids = RouterService._parse_request(_PARSER, raw)
+    return dataclasses.replace(inp, body={}), ids  # the body is not needed back (and may be megabytes)
 
 
 # ---------------------------------------------------------------------------- construction / CLI
@@ -874,6 +1054,7 @@ async def _serve(service: RouterService, host: str, port: int) -> int:
     except NoHealthyWorkersError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 2
+    service.warm_parser()
     log.info("router service (%s) on http://%s:%d in front of %d workers",
              type(service.router).__name__, host, bound, len(service.workers))
     await stop.wait()
