@@ -106,7 +106,7 @@ def log_axis(ax, lo: float | None = None, hi: float | None = None) -> None:
     narrow = lo is not None and hi is not None and lo > 0 and hi / lo < 10
     subs = tuple(float(k) for k in range(1, 10)) if narrow else (1.0, 2.0, 5.0)
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"))
     ax.yaxis.set_minor_locator(NullLocator())  # no minor ticks: fewer labels to lay out
     if lo is not None and hi is not None and lo > 0:  # room above and below the extreme markers
         pad = 1.15 if narrow else 1.3
