@@ -283,15 +283,6 @@ def value(g: pd.DataFrame, system: str, metric: str) -> float:
     return float(g[metric].to_numpy()[i[0]])
 
 
-def better(metric: str, a: float, b: float) -> bool:
-    """a is better than b on seed means, strictly (throughput: not worse within TPUT_TIE)."""
-    if metric == "throughput_rps":
-        return a >= b * (1 - TPUT_TIE)
-    if metric in HIGHER:
-        return a > b
-    return a < b
-
-
 def improvement(metric: str, base: float, ours: float) -> float:
     """× factor for lower-is-better metrics (base / ours); relative change for higher-is-better."""
     if metric in LOWER:
