@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro.figures.load import SYSTEM, load_cells, require
-from repro.figures.perf import PerfFigure
+from repro.figures.perf import PerfFigure, _facet_rank
 
 NAME = EXP = "fig2_router_rules"
 BASE_EXP = "fig2_main"
@@ -51,7 +51,7 @@ def headline(df: pd.DataFrame) -> str:
         return ""
     means = df.groupby(["workload.name", SYSTEM])[m].mean()
     parts = []
-    for wl in dict.fromkeys(df["workload.name"]):
+    for wl in sorted(set(df["workload.name"]), key=lambda w: _facet_rank("workload.name", w)):
         try:
             ours = means[(wl, "LBGR+RLT")]
             new, old = means[(wl, "CacheAware+LRU")], means[(wl, "CacheAware+LRU" + OLD)]
