@@ -102,3 +102,12 @@ def test_committed_why_file_loads_and_every_id_is_a_claim():
     assert all(e.text for per in why.values() for e in per.values())
     assert all(set(per) <= set(claims.VERDICTS) for per in why.values())
     assert notes
+
+
+def test_stale_cli_lists_and_stamp_cli_refuses_unknown_ids(fixture_results, capsys):
+    rc = claims.main(["--results-dir", str(fixture_results), "--stale"])
+    out = capsys.readouterr().out
+    # the committed texts were written for the committed results, not for the fixture: all stale
+    assert rc == 1 and "text(s) to rewrite" in out and "written for stamp" in out
+    assert claims.main(["--results-dir", str(fixture_results), "--stamp", "no.such.claim"]) == 2
+    assert "unknown claim id" in capsys.readouterr().err
