@@ -32,9 +32,12 @@ class RuleFigure(PerfFigure):
         if len(bad):
             raise ValueError(f"results/{self.exp}/: cells {sorted(bad['signature'])} are not under the old rule "
                              f"({RULE}=smallest_tree)")
-        if RULE in base and (base[RULE].dropna() == "smallest_tree").any():
-            raise ValueError(f"results/{BASE_EXP}/ has cache-aware cells under the old rule: this figure needs "
-                             f"Fig. 2 under sglang-router 0.3.2's rule (rerun fig2_main)")
+        ca = base[base[SYSTEM].str.startswith("CacheAware")]
+        rule = ca[RULE] if RULE in ca else pd.Series(None, index=ca.index, dtype=object)
+        if len(ca) and not (rule == "least_loaded").all():
+            raise ValueError(f"results/{BASE_EXP}/: cache-aware cells {sorted(ca.loc[rule != 'least_loaded', 'signature'])} "
+                             f"are not under sglang-router 0.3.2's rule ({RULE}=least_loaded; cells from before the "
+                             f"rule existed have no {RULE}): rerun fig2_main")
         old[SYSTEM] = old[SYSTEM] + OLD
         df = pd.concat([base, old], ignore_index=True, sort=False)
         df.attrs = dict(base.attrs)

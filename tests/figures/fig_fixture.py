@@ -125,8 +125,8 @@ PERF_EXPS = (
 def config(exp: str, c: dict) -> dict:
     router, eviction, _, _ = SYSTEMS[c["system"]]
     r = {"_target_": f"repro.routing.{router}", "name": router}
-    if "low_match" in c:
-        r["low_match"] = c["low_match"]
+    if router == "cache_aware":  # sglang-router 0.3.2's rule unless the cell says otherwise
+        r["low_match"] = c.get("low_match", "least_loaded")
     if router == "lbgr":
         r.update(decay_interval_s=c.get("decay_interval_s", 0.1), decay_factor=0.9, tracker="approximate")
     wl = c.get("workload", "gsp")

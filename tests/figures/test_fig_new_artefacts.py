@@ -37,6 +37,16 @@ def test_router_rules_refuses_new_rule_cells_in_its_own_folder(results_copy):
         artefact("fig2_router_rules").FIGURE.table(results_copy)
 
 
+def test_router_rules_refuses_fig2_cells_from_before_the_rule(results_copy):
+    d = next(p for p in sorted((results_copy / "fig2_main").iterdir())
+             if yaml.safe_load((p / "config.yaml").read_text())["router"]["name"] == "cache_aware")
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    del cfg["router"]["low_match"]  # a cell of the committed results before sglang-router 0.3.2's rule
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="rerun fig2_main"):
+        artefact("fig2_router_rules").FIGURE.table(results_copy)
+
+
 def test_regime_map_ratios(fixture_results, tmp_path):
     mod = artefact("regime_map")
     df, r = mod.table(fixture_results)
