@@ -8,7 +8,9 @@ results/<EXP>/ folder, the same name as conf/exp/<EXP>.yaml) and
 `render(results_dir, figures_dir) -> list[Path]`. Shared parts: load (the one results
 loader), perf (the six-panel performance figures), tables, captions, style, claims (the
 claims table) and reproduce (REPRODUCE.md's generated blocks and figures/README.md).
-thm_competitive_ratio is the kvcache engineer's module, registered here as is.
+thm_competitive_ratio is the kvcache engineer's module, registered here as is. fig8/fig9 are
+the paper's appendix figures as we read them; fig2_router_rules and regime_map go beyond the
+paper (fig2_router_rules also reads results/fig2_main/).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ ARTEFACTS: tuple[str, ...] = (
     "fig6_workers",
     "fig7_cache_size",
     "tab2_ablation",
+    "fig8_llama70b_benchmarks",
+    "fig9_mixtral_benchmarks",
     "fig10_prefix_ratio",
     "fig11_num_queries",
     "fig12_output_len",
@@ -31,7 +35,10 @@ ARTEFACTS: tuple[str, ...] = (
     "tab3_single_worker",
     "fig14_decay_interval",
     "thm_competitive_ratio",
-    "mooncake_replay",  # beyond the paper (issue 17)
+    # beyond the paper
+    "fig2_router_rules",
+    "regime_map",
+    "mooncake_replay",
 )
 
 

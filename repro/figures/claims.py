@@ -2,8 +2,9 @@
 
 Every claim has an id, the artefact it is about, the paper's statement and number, and a
 function that computes our number and a verdict from results/ (through the same tables the
-figures draw). Only the "why" column is prose, from the hand-written WHY map keyed by claim
-id and verdict: an explanation written for another verdict than today's is not shown.
+figures draw). Only the "why" column is prose, from claims_why.yaml keyed by claim id and
+verdict, each text stamped with the results it was written for: an explanation written for
+another verdict, or for other numbers, than today's is not shown as current.
 
 Definitions (stated in REPRODUCE.md too):
 - "On average" = the arithmetic mean over benchmarks (or models) of the per-benchmark ratio,
@@ -18,9 +19,27 @@ Definitions (stated in REPRODUCE.md too):
   ("RLT adds only 0.58 ms"): "reproduced" if our added overhead is at most twice the paper's.
 - Only the paper's six systems take part in comparisons (extra rows such as Dynamo or llm-d are
   drawn but not judged).
-- Comparisons: lower latency / TTFT is strictly lower; a higher hit rate is strictly higher;
-  throughput counts as "highest" / "not worse" within TPUT_TIE (0.5 %), because every system
-  that keeps up runs at the offered load and differs only by the makespan's tail.
+- Comparisons know the seed noise. Two systems at one point are compared on the seeds both
+  ran: d_s = (a_s − b_s) per seed, signed so that d > 0 means "a is better". With n ≥ 2 seeds,
+  a is better (a WIN) only if mean(d) > K_SE (2) standard errors of d (SD(d) / √n, a paired
+  comparison: the seeds' shared workload draws cancel), worse (a LOSS) if mean(d) < −2 SE,
+  otherwise a TIE. (2 SE is a rough two-sided 95 % band for many seeds; with 3 seeds it is a
+  paired t-test at about 82 %.) With one seed there is no noise estimate: the comparison is
+  strict (any difference decides), and the Ours column counts how many comparisons rest on
+  one seed. Throughput within TPUT_TIE (0.5 %) counts as "not worse" (a WIN for "highest" /
+  "not worse"), because every system that keeps up runs at the offered load and differs only
+  by the makespan's tail.
+- Qualitative verdicts from W wins, T ties, L losses of N comparisons: "reproduced" if W = N,
+  "not reproduced" if W = 0 or W < L, else "partly" (without ties: the old "holds in at
+  least half"). Numeric claims: the per-seed value of
+  the claim's statistic (e.g. the mean over benchmarks of the per-benchmark ratio, per seed)
+  must differ from "no change" (1× / 0 %) by more than 2 SE over seeds, else the claim is a
+  tie and "not reproduced" (the Ours column says "tie within noise").
+- The Why column is prose written for given numbers: each text carries a stamp (a digest of
+  the results of the artefacts it is about, repro/figures/claims_why.yaml); a text whose stamp
+  differs from today's results is not shown as current but flagged "stale".
+  `python -m repro.figures.claims --stale` lists the texts to rewrite, `--stamp ID ...` stamps
+  rewritten ones.
 """
 
 from __future__ import annotations
@@ -37,6 +56,8 @@ from repro.figures.load import ResultsError
 from repro.figures.style import BASELINES, OURS, PAPER_SYSTEMS
 
 REPRODUCED, PARTLY, NOT, NO_DATA = "reproduced", "partly", "not reproduced", "no data"
+WIN, TIE, LOSS = 1, 0, -1
+K_SE = 2.0  # a difference counts when it exceeds this many standard errors over seeds
 VERDICTS = (REPRODUCED, PARTLY, NOT, NO_DATA)
 FACTOR_BAND = 2.0  # numeric claims: within a factor 2 of the paper counts as reproduced
 TPUT_TIE = 0.005
@@ -68,6 +89,7 @@ class Results:
     def __init__(self, results_dir: str | Path):
         self.results_dir = Path(results_dir)
         self._cache: dict[str, object] = {}
+        self.stamp_cache: dict[str, str] = {}
 
     def _get(self, key: str, make):
         if key not in self._cache:
@@ -97,8 +119,11 @@ class Results:
         def make():
             mod = artefact(name)
             if hasattr(mod, "FIGURE"):
-                return mod.FIGURE.table(self.results_dir)[1]
-            return mod.table(self.results_dir)[1]
+                df, agg = mod.FIGURE.table(self.results_dir)
+                keys = mod.FIGURE.point_keys(df)
+            else:
+                df, agg, keys = mod.table(self.results_dir)
+            return with_seeds(df, agg, keys)
 
         return self._get(name, make)
 
@@ -112,6 +137,95 @@ class Results:
             return df
 
         return self._get("thm_competitive_ratio", make)
+
+
+PER_SEED = "_per_seed"  # column of aggregated tables: {metric: {seed: value}} of the point's cells
+
+
+def with_seeds(df: pd.DataFrame, agg: pd.DataFrame, keys) -> pd.DataFrame:
+    """agg plus, per point, the per-seed values of every metric (for the noise-aware comparisons)."""
+    from repro.figures.load import SEED, _key
+
+    metrics = [c for c in LOWER + HIGHER if c in df]
+    dk = {k: df[k].map(_key).to_numpy() for k in keys}
+    seeds = df[SEED].to_numpy() if SEED in df else np.zeros(len(df), dtype=int)
+    per = []
+    for i in range(len(agg)):
+        mask = np.ones(len(df), dtype=bool)
+        for k in keys:
+            mask &= dk[k] == _key(agg[k].iloc[i])
+        rows = np.flatnonzero(mask)
+        per.append({m: {int(seeds[j]): float(df[m].iloc[j]) for j in rows} for m in metrics})
+    agg = agg.copy()
+    agg[PER_SEED] = per
+    return agg
+
+
+def seed_values(g: pd.DataFrame, system: str, metric: str) -> dict[int, float]:
+    """{seed: metric} of one system at one point (from with_seeds; {} when not attached)."""
+    i = np.flatnonzero(g[SYSTEM].to_numpy() == system)
+    if not len(i):
+        raise KeyError(f"no {system} cells")
+    if PER_SEED not in g:
+        return {}
+    return dict(g[PER_SEED].iloc[i[0]].get(metric, {}))
+
+
+def paired(d: np.ndarray) -> int:
+    """WIN / TIE / LOSS of per-seed differences d (d > 0: better): beyond K_SE standard errors
+    over seeds; with one value, its sign (strict)."""
+    d = np.asarray(d, dtype=float)
+    d = d[np.isfinite(d)]
+    if not len(d):
+        return TIE
+    mean = float(d.mean())
+    if len(d) >= 2:
+        se = float(d.std(ddof=1)) / math.sqrt(len(d))
+        if abs(mean) <= K_SE * se:
+            return TIE
+    if abs(mean) < 1e-12:
+        return TIE
+    return WIN if mean > 0 else LOSS
+
+
+def compare(metric: str, a: dict[int, float], b: dict[int, float], a_mean: float, b_mean: float) -> tuple[int, int]:
+    """(WIN / TIE / LOSS of a against b in `metric`, seeds compared). Uses the seeds both have;
+    without per-seed values the seed means (one observation: strict)."""
+    seeds = sorted(set(a) & set(b))
+    if metric == "throughput_rps" and a_mean >= b_mean * (1 - TPUT_TIE):
+        return WIN, max(len(seeds), 1)  # not worse within TPUT_TIE (see the module docstring)
+    sign = 1.0 if metric in HIGHER else -1.0
+    if seeds:
+        d = np.array([sign * (a[s] - b[s]) for s in seeds])
+    else:
+        d = np.array([sign * (a_mean - b_mean)])
+    return paired(d), max(len(seeds), 1)
+
+
+def versus(g: pd.DataFrame, a: str, b: str, metric: str) -> tuple[int, int]:
+    """compare() of two systems at one point g."""
+    return compare(metric, seed_values(g, a, metric), seed_values(g, b, metric), value(g, a, metric), value(g, b, metric))
+
+
+class Checks:
+    """The comparisons of one qualitative claim: (outcome, seeds, description)."""
+
+    def __init__(self):
+        self.items: list[tuple[int, int, str]] = []
+
+    def add(self, outcome: int, seeds: int, text: str) -> None:
+        self.items.append((outcome, seeds, text))
+
+    def __len__(self):
+        return len(self.items)
+
+
+def worst(outcomes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """The worst outcome (LOSS < TIE < WIN) and the fewest seeds among comparisons."""
+    outcomes = list(outcomes)
+    if not outcomes:
+        return WIN, 1
+    return min(o for o, _ in outcomes), min(n for _, n in outcomes)
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -169,15 +283,6 @@ def value(g: pd.DataFrame, system: str, metric: str) -> float:
     return float(g[metric].to_numpy()[i[0]])
 
 
-def better(metric: str, a: float, b: float) -> bool:
-    """a is better than b (throughput: not worse within TPUT_TIE)."""
-    if metric == "throughput_rps":
-        return a >= b * (1 - TPUT_TIE)
-    if metric in HIGHER:
-        return a > b
-    return a < b
-
-
 def improvement(metric: str, base: float, ours: float) -> float:
     """× factor for lower-is-better metrics (base / ours); relative change for higher-is-better."""
     if metric in LOWER:
@@ -185,26 +290,64 @@ def improvement(metric: str, base: float, ours: float) -> float:
     return ours / base - 1 if base > 0 else math.inf
 
 
-def qualitative(checks: list[tuple[bool, str]], unit: str) -> Finding:
-    if not checks:
+def qualitative(checks, unit: str) -> Finding:
+    """Verdict from W wins, T ties, L losses (module docstring). `checks`: a Checks, or a list
+    of (bool, description) pairs (strict comparisons: True = WIN, False = LOSS)."""
+    items = checks.items if isinstance(checks, Checks) else [(WIN if ok else LOSS, 1, d) for ok, d in checks]
+    if not items:
         return Finding("no comparisons", NO_DATA)
-    ok = sum(c for c, _ in checks)
-    fails = [d for c, d in checks if not c]
-    text = f"holds in {ok}/{len(checks)} {unit}"
+    n = len(items)
+    wins = sum(o == WIN for o, _, _ in items)
+    ties = [d for o, _, d in items if o == TIE]
+    fails = [d for o, _, d in items if o == LOSS]
+    text = f"holds in {wins}/{n} {unit}"
+    if ties:
+        text += f"; {len(ties)} tie{'s' if len(ties) > 1 else ''} within noise: " + "; ".join(ties[:2]) + \
+            (f" (+{len(ties) - 2} more)" if len(ties) > 2 else "")
     if fails:
         text += "; fails: " + "; ".join(fails[:2]) + (f" (+{len(fails) - 2} more)" if len(fails) > 2 else "")
-    verdict = REPRODUCED if ok == len(checks) else (PARTLY if ok * 2 >= len(checks) else NOT)
+    single = sum(k < 2 for _, k, _ in items)
+    if isinstance(checks, Checks) and single:
+        text += f" [{single}/{n} on one seed: strict]"
+    if wins == n:
+        verdict = REPRODUCED
+    elif wins == 0 or wins < len(fails):
+        verdict = NOT
+    else:
+        verdict = PARTLY
     return Finding(text, verdict)
 
 
-def numeric(ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None) -> Finding:
-    """Same direction as the paper (sign of the change, or factor > 1) and within FACTOR_BAND."""
+def numeric(ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None,
+            direction: int | None = None) -> Finding:
+    """Same direction as the paper (sign of the change, or factor > 1) and within FACTOR_BAND.
+    `direction`: the noise-aware outcome of "ours differs from no change in the paper's
+    direction" (WIN / TIE / LOSS; None: not known, strict)."""
     if ours is None or not math.isfinite(ours):
         return Finding("n/a", NO_DATA)
     same = ours > 1 if fmt is times else (np.sign(ours) == np.sign(paper) and ours != 0)
     close = bool(same) and 1 / FACTOR_BAND <= ours / paper <= FACTOR_BAND
     text = fmt(ours) + (f" ({', '.join(per)})" if per else "")
+    if direction == TIE:
+        return Finding(text + "; tie within noise", NOT)
     return Finding(text, REPRODUCED if close else (PARTLY if same else NOT))
+
+
+def seedwise(stat: Callable[[int], float | None], seeds: Iterable[int], neutral: float, paper_sign: float) -> int | None:
+    """Outcome of the per-seed values stat(seed) against `neutral` in the paper's direction
+    (None when fewer than two seeds give a value: no noise estimate)."""
+    vals = [v for v in (stat(s) for s in seeds) if v is not None and math.isfinite(v)]
+    if len(vals) < 2:
+        return None
+    return paired(paper_sign * (np.array(vals) - neutral))
+
+
+def common_seeds(g: pd.DataFrame, systems: Iterable[str], metric: str) -> set[int]:
+    out = None
+    for s in systems:
+        k = set(seed_values(g, s, metric))
+        out = k if out is None else out & k
+    return out or set()
 
 
 # -- claim builders --------------------------------------------------------------------------
@@ -212,15 +355,20 @@ def lowest(name: str, system: str, metrics: Iterable[str], x: str | None = None,
     """`system` is better than every other system (or those in `against`) in `metrics` at every point."""
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
-        checks = []
+        checks = Checks()
         for label, g in points(agg, x):
             if not (g[SYSTEM] == system).any():
                 continue
             others = [s for s in g[SYSTEM] if s != system and s in (against or PAPER_SYSTEMS)]
             for m in metrics:
-                mine = value(g, system, m)
-                losers = [s for s in others if not better(m, mine, value(g, s, m))]
-                checks.append((not losers, f"{label} {SHORT[m]}: {', '.join(losers)} at least as good"))
+                res = {s: versus(g, system, s, m) for s in others}
+                outcome, n = worst(res.values())
+                losers = [s for s, (o, _) in res.items() if o == LOSS]
+                tied = [s for s, (o, _) in res.items() if o == TIE]
+                text = f"{label} {SHORT[m]}: " + ("; ".join(
+                    p for p in (f"{', '.join(losers)} better" if losers else "",
+                                f"{', '.join(tied)} tied" if tied else "") if p))
+                checks.add(outcome, n, text)
         return qualitative(checks, "point×metric comparisons")
     return run
 
@@ -228,47 +376,86 @@ def lowest(name: str, system: str, metrics: Iterable[str], x: str | None = None,
 def ours_beat_baselines(name: str, metrics: Iterable[str], x: str | None = None, where=None):
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
-        checks = []
+        checks = Checks()
         for label, g in points(agg, x):
             present = set(g[SYSTEM])
             for o in (s for s in OURS if s in present):
                 for b in (s for s in BASELINES if s in present):
                     for m in metrics:
-                        ok = better(m, value(g, o, m), value(g, b, m))
-                        checks.append((ok, f"{label} {SHORT[m]}: {o} not better than {b}"))
+                        outcome, n = versus(g, o, b, m)
+                        what = "tied with" if outcome == TIE else "not better than"
+                        checks.add(outcome, n, f"{label} {SHORT[m]}: {o} {what} {b}")
         return qualitative(checks, "(ours, baseline, point, metric) comparisons")
     return run
 
 
 def best_is_ours(name: str, metrics: Iterable[str], x: str):
+    """At every point the best of our methods (by seed mean) beats every baseline (noise-aware)."""
     def run(r: Results) -> Finding:
         agg = r.perf(name)
-        checks = []
+        checks = Checks()
         for label, g in points(agg, x):
             g = g[g[SYSTEM].isin(PAPER_SYSTEMS)]  # extra comparison rows (Dynamo, llm-d, ...) are not the paper's
+            present = list(g[SYSTEM])
+            ours = [s for s in OURS if s in present]
+            bases = [s for s in BASELINES if s in present]
             for m in metrics:
-                col = g[m].to_numpy(dtype=float)
-                i = int(np.argmax(col) if m in HIGHER else np.argmin(col))
-                best = g[SYSTEM].iloc[i]
-                checks.append((best in OURS, f"{label} {SHORT[m]}: best is {best}"))
+                if not ours or not bases:
+                    continue
+                pick = max if m in HIGHER else min
+                best = pick(ours, key=lambda s: value(g, s, m))
+                res = {b: versus(g, best, b, m) for b in bases}
+                outcome, n = worst(res.values())
+                beaten = [b for b, (o, _) in res.items() if o == LOSS]
+                tied = [b for b, (o, _) in res.items() if o == TIE]
+                text = f"{label} {SHORT[m]}: best of ours {best}" + (
+                    f" behind {', '.join(beaten)}" if beaten else f" tied with {', '.join(tied)}" if tied else "")
+                checks.add(outcome, n, text)
         return qualitative(checks, "settings×metrics")
     return run
+
+
+def _facet_stat(r_groups, fn) -> Callable[[int], float | None]:
+    """stat(seed): mean over facets of fn(g, seed) (None if a facet lacks the seed)."""
+    def stat(seed: int):
+        vals = []
+        for g in r_groups:
+            v = fn(g, seed)
+            if v is None:
+                return None
+            vals.append(v)
+        return float(np.mean(vals)) if vals else None
+    return stat
+
+
+def _at(g, system, metric, seed):
+    v = seed_values(g, system, metric)
+    return v.get(seed)
 
 
 def mean_ratio(name: str, base: str, ours: str, metric: str, paper: float, fmt=times, where=None):
     """Mean over facets of improvement(base -> ours)."""
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
-        vals, per = [], []
+        vals, per, groups = [], [], []
         for label, g in points(agg):
             present = set(g[SYSTEM])
             if base in present and ours in present:
                 v = improvement(metric, value(g, base, metric), value(g, ours, metric))
                 vals.append(v)
                 per.append(f"{label} {fmt(v)}")
+                groups.append(g)
         if not vals:
             return Finding(f"needs {base} and {ours}", NO_DATA)
-        return numeric(float(np.mean(vals)), paper, fmt, per if len(per) > 1 else None)
+
+        def one(g, seed):
+            b, o = _at(g, base, metric, seed), _at(g, ours, metric, seed)
+            return None if b is None or o is None else improvement(metric, b, o)
+
+        seeds = set.intersection(*(common_seeds(g, (base, ours), metric) for g in groups))
+        neutral = 1.0 if fmt is times else 0.0
+        direction = seedwise(_facet_stat(groups, one), sorted(seeds), neutral, 1.0 if fmt is times else np.sign(paper))
+        return numeric(float(np.mean(vals)), paper, fmt, per if len(per) > 1 else None, direction)
     return run
 
 
@@ -276,20 +463,28 @@ def reduction(name: str, base: str, ours: str, metric: str, paper: float):
     """1 − ours / base (paper: −x % written as the positive reduction x / 100), mean over facets."""
     def run(r: Results) -> Finding:
         agg = r.perf(name)
-        vals = []
+        vals, groups = [], []
         for _, g in points(agg):
             if {base, ours} <= set(g[SYSTEM]):
                 vals.append(1 - value(g, ours, metric) / value(g, base, metric))
+                groups.append(g)
         if not vals:
             return Finding(f"needs {base} and {ours}", NO_DATA)
-        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z))
+
+        def one(g, seed):
+            b, o = _at(g, base, metric, seed), _at(g, ours, metric, seed)
+            return None if b is None or o is None else 1 - o / b
+
+        seeds = set.intersection(*(common_seeds(g, (base, ours), metric) for g in groups))
+        direction = seedwise(_facet_stat(groups, one), sorted(seeds), 0.0, np.sign(paper))
+        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), direction=direction)
     return run
 
 
 def vs_best_baseline(name: str, system: str, metric: str, paper: float, where=None):
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
-        vals, per = [], []
+        vals, per, pairs = [], [], []
         for label, g in points(agg):
             base = [s for s in BASELINES if s in set(g[SYSTEM])]
             if not base or system not in set(g[SYSTEM]):
@@ -298,9 +493,22 @@ def vs_best_baseline(name: str, system: str, metric: str, paper: float, where=No
             v = 1 - value(g, system, metric) / value(g, best, metric)
             vals.append(v)
             per.append(f"{label} {pct(-v)} vs {best}")
+            pairs.append((g, best))
         if not vals:
             return Finding("needs LBGR+RLT and a baseline", NO_DATA)
-        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), per)
+
+        def stat(seed):
+            out = []
+            for g, best in pairs:
+                b, o = _at(g, best, metric, seed), _at(g, system, metric, seed)
+                if b is None or o is None:
+                    return None
+                out.append(1 - o / b)
+            return float(np.mean(out))
+
+        seeds = set.intersection(*(common_seeds(g, (system, b), metric) for g, b in pairs))
+        direction = seedwise(stat, sorted(seeds), 0.0, np.sign(paper))
+        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), per, direction)
     return run
 
 
@@ -344,41 +552,56 @@ def throughput_converges(r: Results) -> Finding:
 
 def throughput_higher_small(r: Results) -> Finding:
     agg = r.perf("fig6_workers")
-    checks = []
+    checks = Checks()
     for label, g in points(agg, "cluster.num_workers"):
         if float(g["cluster.num_workers"].iloc[0]) > 4 or "LBGR+RLT" not in set(g[SYSTEM]):
             continue
-        mine = value(g, "LBGR+RLT", "throughput_rps")
-        base = max(value(g, s, "throughput_rps") for s in BASELINES if s in set(g[SYSTEM]))
-        checks.append((mine > base * (1 + TPUT_TIE), f"{label} workers: {num(mine)} vs best baseline {num(base)} req/s"))
-    return qualitative(checks, "worker counts ≤ 4 where LBGR+RLT's throughput is > 0.5 % above every baseline")
+        m = "throughput_rps"
+        mine = value(g, "LBGR+RLT", m)
+        best = max((s for s in BASELINES if s in set(g[SYSTEM])), key=lambda s: value(g, s, m))
+        base = value(g, best, m)
+        if mine > base * (1 + TPUT_TIE):  # above the tie band: is it above the noise too?
+            a, b = seed_values(g, "LBGR+RLT", m), seed_values(g, best, m)
+            common = sorted(set(a) & set(b))
+            outcome = paired(np.array([a[s] - b[s] for s in common])) if common else WIN
+            n = max(len(common), 1)
+        else:
+            outcome, n = LOSS, 1
+        checks.add(outcome, n, f"{label} workers: {num(mine)} vs best baseline {num(base)} req/s")
+    return qualitative(checks, "worker counts ≤ 4 where LBGR+RLT's throughput is > 0.5 % (and 2 SE) above every baseline")
 
 
 def gap_widens(r: Results) -> Finding:
     agg = r.perf("fig7_cache_size")
     x = "cluster.mem_fraction"
-    checks = []
+    m = "latency_p50_s"
+    checks = Checks()
     for label, g in points(agg):
         gaps = []
         for xv, gx in g.groupby(x, sort=True):
             base = [s for s in BASELINES if s in set(gx[SYSTEM])]
             if not base or "LBGR+RLT" not in set(gx[SYSTEM]):
                 continue
-            best = min(value(gx, s, "latency_p50_s") for s in base)
-            gaps.append((float(xv), best / value(gx, "LBGR+RLT", "latency_p50_s")))
+            best = min(base, key=lambda s: value(gx, s, m))
+            b, o = seed_values(gx, best, m), seed_values(gx, "LBGR+RLT", m)
+            per_seed = {k: b[k] / o[k] for k in set(b) & set(o)}
+            gaps.append((float(xv), value(gx, best, m) / value(gx, "LBGR+RLT", m), per_seed))
         if len(gaps) >= 2:
-            (x0, g0), (x1, g1) = gaps[0], gaps[-1]
-            checks.append((g1 > g0, f"{label}: best baseline / LBGR+RLT P50 latency {times(g0)} at {x0:g} → "
-                                    f"{times(g1)} at {x1:g}"))
-    if not checks:
+            (x0, g0, s0), (x1, g1, s1) = gaps[0], gaps[-1]
+            common = sorted(set(s0) & set(s1))
+            d = np.array([s1[k] - s0[k] for k in common]) if common else np.array([g1 - g0])
+            checks.add(paired(d), max(len(common), 1), f"{label}: best baseline / LBGR+RLT P50 latency {times(g0)} at "
+                                                     f"{x0:g} → {times(g1)} at {x1:g}")
+    if not len(checks):
         return Finding("needs ≥ 2 memory fractions", NO_DATA)
     f = qualitative(checks, "benchmarks")
-    return Finding("; ".join(d for _, d in checks), f.verdict)
+    return Finding("; ".join(d for _, _, d in checks.items) + (" (tie within noise)" if any(
+        o == TIE for o, _, _ in checks.items) else ""), f.verdict)
 
 
 def rlt_beats_lru_single(r: Results) -> Finding:
     agg = r.perf("tab3_single_worker")
-    checks = []
+    checks = Checks()
     keys = [c for c in ("workload.name",) if c in agg]
     groups = agg.groupby(keys, sort=False) if keys else [("all", agg)]
     for label, g in groups:
@@ -388,27 +611,32 @@ def rlt_beats_lru_single(r: Results) -> Finding:
             continue
         lru, rlt = g.iloc[ev["lru"]], g.iloc[ev["rlt"]]
         for m in ("latency_p50_s", "hit_rate"):
-            checks.append((better(m, rlt[m], lru[m]), f"{label} {SHORT[m]}: RLT {num(rlt[m])} vs L-LRU {num(lru[m])}"))
+            per = lambda row: dict(row[PER_SEED].get(m, {})) if PER_SEED in row else {}  # noqa: E731
+            outcome, n = compare(m, per(rlt), per(lru), rlt[m], lru[m])
+            checks.add(outcome, n, f"{label} {SHORT[m]}: RLT {num(rlt[m])} vs L-LRU {num(lru[m])}")
     return qualitative(checks, "workload×metric comparisons (P50 latency, hit rate)")
 
 
 def timely_decay(r: Results) -> Finding:
     agg = r.perf("fig14_decay_interval")
     x = "router.decay_interval_s"
-    checks = []
+    m = "latency_p50_s"
+    checks = Checks()
     for label, g in points(agg):
         for s in sorted(set(g[SYSTEM])):
             line = g[(g[SYSTEM] == s) & g[x].notna()].sort_values(x)
             if len(line) < 2:
                 continue
             lo, hi = line.iloc[0], line.iloc[-1]
-            checks.append((lo["latency_p50_s"] < hi["latency_p50_s"],
-                           f"{s}: P50 latency {num(lo['latency_p50_s'])} s at Δt={lo[x]:g} s vs "
-                           f"{num(hi['latency_p50_s'])} s at Δt={hi[x]:g} s"))
-    if not checks:
+            per = lambda row: dict(row[PER_SEED].get(m, {})) if PER_SEED in row else {}  # noqa: E731
+            outcome, n = compare(m, per(lo), per(hi), lo[m], hi[m])
+            checks.add(outcome, n, f"{s}: P50 latency {num(lo[m])} s at Δt={lo[x]:g} s vs {num(hi[m])} s at "
+                                   f"Δt={hi[x]:g} s")
+    if not len(checks):
         return Finding("needs ≥ 2 decay intervals", NO_DATA)
     f = qualitative(checks, "LBGR systems")
-    return Finding("; ".join(d for _, d in checks), f.verdict)
+    return Finding("; ".join(d for _, _, d in checks.items) + (" (tie within noise)" if any(
+        o == TIE for o, _, _ in checks.items) else ""), f.verdict)
 
 
 def theory_claim(policy: str):
@@ -549,114 +777,87 @@ CLAIMS: tuple[Claim, ...] = (
       theory_claim("opt")),
 )
 
-# Hand-written explanations: claim id -> {verdict it was written for: why}. Prose only; the
-# verdicts and numbers above are computed. Written from the committed results of the
-# from-scratch `make figures` with the limited KV budgets (conf/config.yaml
-# limited_kv_cache_tokens); a verdict that changes hides its stale explanation.
-NOTES: dict[str, str] = {  # shared explanations, cited in WHY as [key] and listed under the table
-    "light-load": "Little queueing: even with the limited KV budgets, at 12 req/s and 4 output tokens Cache-Aware+LRU "
-                  "serves GSP, ShareGPT and UltraChat at the offered rate with P50 0.15-0.21 s, so latency is mostly "
-                  "service time and no router can win 10x. We believe the paper's ratios come from baselines stuck "
-                  "in long queues, which our simulated L40 workers (step costs scaled from an H200 fit) do not reach "
-                  "at this rate; only Random/RoundRobin queue (P50 0.49-0.97 s on GSP).",
-    "lbgr-hit": "LBGR spreads prefix groups a little more than Cache-Aware: LBGR+RLT's hit rate is lower on every "
-                "benchmark (GSP 0.72 vs 0.76, ShareGPT 0.42 vs 0.48, UltraChat 0.40 vs 0.44, LooGLE 0.64 vs 0.66). "
-                "Its median latency stays within 4 % of Cache-Aware's on GSP, ShareGPT and UltraChat (GSP P50 TTFT "
-                "0.050 vs 0.041 s), while its balance cuts the tail: P95 latency 1.26x lower on ShareGPT, 2.29x on "
-                "UltraChat.",
-    "rlt-small": "RLT changes Cache-Aware's hit rate by about 1 percentage point (GSP 0.767 vs 0.759, ShareGPT 0.489 "
-                 "vs 0.481) under the limited budgets. We believe random arrival order rarely makes LRU's choice "
-                 "adversarial here, so randomized marking has little to fix.",
-    "loogle": "LooGLE (synthetic stand-in, 21-36k-token documents, memory-formula budget) is overloaded: 12 req/s is "
-              "9-18x what the workers serve (0.7-1.4 req/s), so latency is set by the backlog (P50 400-790 s). "
-              "LBGR keeps a document's questions together about as well as Cache-Aware (hit rate 0.64 vs 0.66) but "
-              "serves 1.18 vs 1.32 req/s, so its backlog and tail are longer (P95 745 vs 641 s).",
-    "fig7-formula": "Fig. 7 sweeps memory, so it keeps the memory formula (61,739-209,157 tokens/worker, more than the "
-                    "limited budgets): Cache-Aware never evicts (identical results at every fraction, RLT = LRU) and "
-                    "LBGR hardly does, while Random/RoundRobin lose hit rate as memory shrinks (0.71 at 0.9 to 0.37 "
-                    "at 0.5) - so the gap narrows as the cache grows.",
-}
-_PAPER_GAP = "[light-load] [lbgr-hit] [loogle]"
-WHY: dict[str, dict[str, str]] = {
-    "fig2.ours_beat_baselines": {PARTLY: "LBGR+LRU/RLT trail Cache-Aware+LRU on GSP's medians (P50 TTFT 0.045 / "
-                                 "0.050 vs 0.041 s) and on LooGLE; CacheAware+RLT ties or trails it on ShareGPT, "
-                                 "UltraChat and LooGLE [lbgr-hit] [rlt-small] [loogle]; all three beat Random and "
-                                 "RoundRobin almost everywhere."},
-    "fig2.lbgr_rlt_lowest": {NOT: "[lbgr-hit] [loogle]"},
-    "fig2.lbgr_rlt_highest_hit_tput": {NOT: "[lbgr-hit] Throughput equals the offered load except on LooGLE [loogle]."},
-    **{k: {NOT: _PAPER_GAP} for k in ("fig2.p50_latency_vs_ca", "fig2.p50_ttft_vs_ca", "fig2.hit_vs_ca",
-                                      "fig2.tput_vs_ca", "fig2.lbgr_lru_ttft")},
-    "fig2.p95_latency_vs_ca": {REPRODUCED: "Carried by UltraChat (2.29x) and ShareGPT (1.26x); 1.08x on GSP and 0.86x "
-                               "on LooGLE [loogle]. LBGR's gain is in the tail, not the median [lbgr-hit]."},
-    "fig2.p95_ttft_vs_ca": {PARTLY: "Same direction, 1.28x (UltraChat 2.07x, ShareGPT 1.13x, GSP 1.03x, LooGLE "
-                            "0.89x): just outside a factor 2 of 2.62x [lbgr-hit] [loogle]."},
-    "fig2.lbgr_lru_latency": {PARTLY: "Same direction by 1 % on average: LBGR+LRU is 4-5 % faster on ShareGPT and "
-                              "UltraChat, 1-6 % slower on GSP and LooGLE; nowhere near 10x [light-load] [lbgr-hit]."},
-    "fig2.p50_latency_vs_random": {PARTLY: "Same direction, 2.8x (6.1x on GSP, where Random's hit rate falls to "
-                                   "0.18); the rest of the paper's gap is queueing we do not reproduce [light-load]."},
-    "fig2.p50_ttft_vs_random": {PARTLY: "Same direction, 3.6x (8.9x on GSP); the rest of the paper's gap is queueing "
-                                "we do not reproduce [light-load]."},
-    "fig2.ca_rlt_latency": {NOT: "[rlt-small] On LooGLE RLT is 2 % slower."},
-    "fig2.ca_rlt_ttft": {PARTLY: "Mean 1.00x, 1.04x on GSP: [rlt-small]"},
-    "fig3.ours_beat_baselines": {PARTLY: "On H200 the systems differ by a few %; CacheAware+RLT ties or trails "
-                                 "Cache-Aware+LRU and RoundRobin on P50 [rlt-small] [light-load]."},
-    "fig3.lbgr_rlt_best": {NOT: "LBGR+RLT has the highest throughput on both models, but LBGR+LRU is as fast or "
-                           "faster (P50 0.115 vs 0.116 s on 70B, 0.089 vs 0.090 s on Mixtral) and Cache-Aware keeps "
-                           "the higher hit rate (0.47 vs 0.43 on 70B, 0.47 vs 0.37 on Mixtral) [lbgr-hit]."},
-    "fig3.latency_vs_best_baseline": {PARTLY: "Same direction, 1-4 % instead of 38 % [light-load]."},
-    "fig3.ttft_vs_best_baseline": {PARTLY: "Same direction, 1-3 % instead of 44.87 % [light-load]."},
-    "fig4.lbgr_rlt_best": {PARTLY: "Every system is overloaded ~13x on LooGLE (at most 0.94 of 12 req/s served), so "
-                           "latency is set by the backlog (620-860 s P50). LBGR+RLT has the lowest medians and the "
-                           "highest hit rate (0.51 vs Cache-Aware's 0.50) but serves 0.86 vs 0.94 req/s, so its "
-                           "tail is longer (P95 1033 vs 961 s) [loogle]."},
-    "fig4.latency_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a 620-650 s backlog, so "
-                           "their medians differ by 4 % [loogle]."},
-    "fig4.ttft_vs_ca": {PARTLY: "Overloaded run: LBGR+RLT and Cache-Aware+LRU both sit on a 590-640 s backlog, so "
-                        "their medians differ by 8 % [loogle]."},
-    "fig5.lbgr_rlt_lowest": {NOT: "LBGR+RLT's hit rate is 3-7 points below Cache-Aware's at every rate (0.69 vs 0.76 "
-                             "at 8 req/s), so Cache-Aware+RLT or LBGR+LRU is faster at every rate [lbgr-hit]; "
-                             "LBGR+LRU has the lowest P95 latency from 12 req/s on."},
-    "fig5.lbgr_rlt_highest": {PARTLY: "Throughput equals the offered rate for every system; Cache-Aware keeps the "
-                              "higher hit rate [lbgr-hit]."},
-    "fig6.lbgr_rlt_beats_baselines": {PARTLY: "At 2 workers (overloaded) LBGR+RLT has the lowest P50 latency (1.96 vs "
-                                      "2.23 s) but a longer tail (P95 5.8 vs 4.5 s) and lower throughput; at 4 "
-                                      "Cache-Aware's higher hit rate wins the medians [lbgr-hit]; from 6 workers "
-                                      "the caches hold almost everything and LBGR wins or ties (P95 0.31 vs 0.34 s at 6)."},
-    "fig6.tput_higher_small": {NOT: "At 4 workers every system keeps up (11.7 req/s); at 2 workers LBGR+RLT serves "
-                               "11.1 vs Cache-Aware's 11.5 req/s [lbgr-hit]."},
-    "fig7.ours_beat_baselines": {PARTLY: "[fig7-formula]"},
-    "fig7.gap_widens": {NOT: "[fig7-formula]"},
-    "tab2.ca_rlt_all_metrics": {REPRODUCED: "By small margins (P50 latency -1.2 %, hit rate +0.8 points) [rlt-small]."},
-    "tab2.ca_rlt_latency": {PARTLY: "[rlt-small]"},
-    "tab2.ca_rlt_ttft": {PARTLY: "[rlt-small]"},
-    **{k: {NOT: "[light-load] [lbgr-hit]"} for k in ("tab2.lbgr_lru_latency", "tab2.lbgr_lru_ttft",
-                                                     "tab2.lbgr_rlt_latency", "tab2.lbgr_rlt_ttft")},
-    "tab2.evict_overhead_ca": {REPRODUCED: "RLT's eviction is as fast as LRU's in our simulator (hand-written, O(1) "
-                               "draws); measured in Python, not in SGLang."},
-    "tab2.evict_overhead_lbgr": {REPRODUCED: "RLT's eviction is as fast as LRU's in our simulator (hand-written, O(1) "
-                                 "draws); measured in Python, not in SGLang."},
-    "tab2.route_overhead_lru": {REPRODUCED: "Measured in our Python simulator on a shared 2-core machine, not in "
-                                "SGLang's router: only the order of magnitude is comparable."},
-    "tab2.route_overhead_rlt": {REPRODUCED: "Measured in our Python simulator on a shared 2-core machine, not in "
-                                "SGLang's router: only the order of magnitude is comparable."},
-    "fig10.ours_best": {PARTLY: "At ratio 0.1 (almost nothing shared) RoundRobin+LRU and Cache-Aware+LRU are fastest: "
-                        "with little to reuse, balance wins; from 0.3 on one of our methods is best."},
-    "fig12.ours_best": {PARTLY: "Only at 16 output tokens is Cache-Aware+LRU's P50 TTFT the lowest (under 1 ms ahead "
-                        "of CacheAware+RLT). At 128 tokens LBGR's hit rate is 6-7 points below Cache-Aware's and its "
-                        "P50 latency 8-10 % higher; CacheAware+RLT is the 'ours' that wins there."},
-    "tab3.rlt_beats_lru": {PARTLY: "On one worker RLT loses on GSP (hit rate 0.194 vs 0.209, P50 1.03 vs 0.98 s) and "
-                           "on ShareGPT's hit rate (0.155 vs 0.159), and wins narrowly (under 3 %) on UltraChat and "
-                           "LooGLE [rlt-small]."},
-    "fig14.timely_decay": {REPRODUCED: "By 6 %: P50 0.149 s at the shortest interval, 0.157-0.160 s from 0.05 s to "
-                           "5 s. The first LBGR reconstruction jumped to 0.51 s at 5 s; why the current one is nearly "
-                           "flat is not isolated."},
-}
+# Hand-written explanations live in claims_why.yaml next to this file (prose is data, not code):
+# notes (shared, cited as [key]) and, per claim id and verdict, the text and the STAMP of the
+# results it was written against. A stamp is a digest of the artefacts' plotted numbers (every
+# point's seed means of the six metrics, 3 significant digits, and its seed list): regenerate
+# the results with different numbers and every text written for the old ones is flagged stale.
+WHY_FILE = Path(__file__).with_name("claims_why.yaml")
+STAMP_DIGITS = 3
 
 
-def why(claim_id: str, verdict: str) -> str:
+@dataclass(frozen=True)
+class Why:
+    text: str
+    stamp: str = ""  # digest of the results of `about` the text was written against ("" = never stamped)
+    about: tuple[str, ...] = ()  # artefacts whose numbers it quotes (default: the claim's artefact)
+
+
+def load_why(path: Path = WHY_FILE) -> tuple[dict[str, Why], dict[str, dict[str, Why]]]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    notes = {k: Why(v["text"], str(v.get("stamp") or ""), tuple(v.get("about") or ())) for k, v in
+             (data.get("notes") or {}).items()}
+    why_ = {cid: {verdict: Why(e["text"], str(e.get("stamp") or ""), tuple(e.get("about") or ()))
+                  for verdict, e in per.items()} for cid, per in (data.get("why") or {}).items()}
+    return notes, why_
+
+
+NOTES, WHY = load_why()
+
+
+def _note_text(v) -> str:
+    return v.text if isinstance(v, Why) else str(v)
+
+
+def artefact_digest(r: Results, name: str) -> str:
+    """Digest of one artefact's plotted numbers ("" when it has no results)."""
+    import hashlib
+
+    try:
+        agg = r.theory() if name == "thm_competitive_ratio" else r.perf(name)
+    except (ResultsError, ValueError, KeyError, ImportError, FileNotFoundError):
+        return ""
+    drop = {PER_SEED} | {c for c in agg.columns if c.endswith("_sd")}
+    cols = sorted(c for c in agg.columns if c not in drop)
+    lines = []
+    for _, row in agg.iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            if isinstance(v, (float, np.floating)):
+                v = "nan" if not math.isfinite(v) else f"{float(v):.{STAMP_DIGITS}g}"
+            cells.append(f"{c}={v}")
+        lines.append("|".join(cells))
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:12]
+
+
+def stamp_of(r: Results, artefacts: Iterable[str]) -> str:
+    import hashlib
+
+    parts = [f"{a}:{r.stamp_cache.setdefault(a, artefact_digest(r, a))}" for a in sorted(set(artefacts))]
+    return hashlib.sha256(";".join(parts).encode()).hexdigest()[:10]
+
+
+def _stale(stamp_now: str, entry: Why) -> bool:
+    return entry.stamp != stamp_now
+
+
+STALE_HINT = "`python -m repro.figures.claims --stale`"
+
+
+def why(claim_id: str, verdict: str, stamp_now: str | None = None) -> str:
+    """The Why cell: the text written for this verdict AND these numbers, else a flag saying so."""
     texts = WHY.get(claim_id, {})
     if verdict in texts:
-        return texts[verdict]
+        entry = texts[verdict]
+        if isinstance(entry, str):  # plain text (tests): no stamp to check
+            return entry
+        if stamp_now is not None and _stale(stamp_now, entry):
+            return (f"(stale: the explanation on file was written for other results, stamp {entry.stamp or 'none'} "
+                    f"vs {stamp_now} now; list: {STALE_HINT})")
+        return entry.text
     if verdict in (REPRODUCED,):
         return ""
     if verdict == NO_DATA:
@@ -666,8 +867,13 @@ def why(claim_id: str, verdict: str) -> str:
     return "not analysed yet"
 
 
+def why_about(claim: Claim, entry) -> tuple[str, ...]:
+    return tuple(getattr(entry, "about", ()) or ()) or (claim.artefact,)
+
+
 def evaluate(results_dir: str | Path) -> pd.DataFrame:
-    """One row per claim: id, artefact, claim, paper, ours, verdict, why."""
+    """One row per claim: id, artefact, claim, paper, ours, verdict, why, stamp (of the numbers
+    the claim's Why text must have been written against)."""
     r = Results(results_dir)
     rows = []
     for c in CLAIMS:
@@ -676,9 +882,83 @@ def evaluate(results_dir: str | Path) -> pd.DataFrame:
         except (ResultsError, ValueError, KeyError, ImportError, FileNotFoundError) as exc:
             reason = str(exc).split("\n")[0]
             f = Finding(f"no data ({reason[:160]})", NO_DATA)
+        entry = WHY.get(c.id, {}).get(f.verdict)
+        stamp = stamp_of(r, why_about(c, entry))
         rows.append({"id": c.id, "artefact": c.artefact, "claim": c.statement, "paper": c.paper,
-                     "ours": f.ours, "verdict": f.verdict, "why": why(c.id, f.verdict)})
-    return pd.DataFrame(rows)
+                     "ours": f.ours, "verdict": f.verdict, "why": why(c.id, f.verdict, stamp), "stamp": stamp})
+    table = pd.DataFrame(rows)
+    table.attrs["note_stamps"] = {k: stamp_of(r, v.about or ("fig2_main",)) for k, v in NOTES.items()
+                                  if isinstance(v, Why)}
+    return table
+
+
+def stale_entries(table: pd.DataFrame) -> list[dict]:
+    """Every Why text / note that is not current for these results: what to rewrite."""
+    out = []
+    for _, row in table.iterrows():
+        if row["verdict"] == NO_DATA:
+            continue
+        texts = WHY.get(row["id"], {})
+        entry = texts.get(row["verdict"])
+        if entry is None:
+            if texts or row["verdict"] != REPRODUCED:
+                out.append({"kind": "why", "id": row["id"], "verdict": row["verdict"], "reason":
+                            f"no text for this verdict (on file: {', '.join(texts) or 'none'})",
+                            "ours": row["ours"], "stamp": row["stamp"]})
+        elif isinstance(entry, Why) and _stale(row["stamp"], entry):
+            out.append({"kind": "why", "id": row["id"], "verdict": row["verdict"], "reason":
+                        f"written for stamp {entry.stamp or 'none'}, results now {row['stamp']}",
+                        "ours": row["ours"], "stamp": row["stamp"], "text": entry.text})
+    for k, stamp in table.attrs.get("note_stamps", {}).items():
+        if NOTES[k].stamp != stamp:
+            out.append({"kind": "note", "id": k, "verdict": "", "reason":
+                        f"written for stamp {NOTES[k].stamp or 'none'}, results now {stamp}",
+                        "ours": "", "stamp": stamp, "text": NOTES[k].text})
+    return out
+
+
+def stamp_entries(table: pd.DataFrame, ids: Iterable[str], path: Path = WHY_FILE) -> list[str]:
+    """Record today's stamp on the texts of `ids` (claim ids or note keys) for today's verdicts;
+    returns what was stamped. A claim without a text for today's verdict cannot be stamped."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    by_id = table.set_index("id")
+    done = []
+    for i in ids:
+        if i in data.get("notes", {}):
+            data["notes"][i]["stamp"] = table.attrs["note_stamps"][i]
+            done.append(i)
+            continue
+        if i not in by_id.index:
+            raise KeyError(f"unknown claim id or note {i!r}")
+        verdict = by_id.loc[i, "verdict"]
+        entry = data.get("why", {}).get(i, {}).get(verdict)
+        if entry is None:
+            raise KeyError(f"{i}: no text for today's verdict {verdict!r} in {path.name}: write it first")
+        entry["stamp"] = by_id.loc[i, "stamp"]
+        done.append(i)
+    write_why(data, path)
+    return done
+
+
+WHY_HEADER = """\
+# Hand-written explanations of the claims table (repro/figures/claims.py evaluates everything else).
+# notes: shared explanations cited as [key]; why: claim id -> verdict it was written for -> text.
+# stamp: digest of the results the text was written against (the artefacts in `about`, default
+# the claim's own; notes default to fig2_main). After regenerating results, list what needs
+# rewriting with `python -m repro.figures.claims --stale`, rewrite the texts here, then record
+# the new numbers with `python -m repro.figures.claims --stamp ID [ID ...]`.
+"""
+
+
+def write_why(data: dict, path: Path = WHY_FILE) -> None:
+    import yaml
+
+    from repro.results import atomic_write_text
+
+    body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110)
+    atomic_write_text(path, WHY_HEADER + body)
 
 
 def _cell(text: str) -> str:
@@ -701,7 +981,11 @@ def to_markdown(table: pd.DataFrame) -> str:
     used = cited_notes(" ".join(table["why"]))
     if used:
         lines += ["", "Notes cited in the Why column:", ""]
-        lines += [f"- **[{k}]** {NOTES[k]}" for k in used]
+        stamps = table.attrs.get("note_stamps", {})
+        for k in used:
+            v = NOTES[k]
+            flag = " *(stale: written for other results)*" if isinstance(v, Why) and stamps.get(k, v.stamp) != v.stamp else ""
+            lines.append(f"- **[{k}]**{flag} {_note_text(v)}")
     return "\n".join(lines) + "\n"
 
 
@@ -714,7 +998,7 @@ def cited_notes(text: str) -> list[str]:
         for k in NOTES:
             if f"[{k}]" in t and k not in found:
                 found.add(k)
-                todo.append(NOTES[k])
+                todo.append(_note_text(NOTES[k]))
     return [k for k in NOTES if k in found]
 
 
@@ -726,4 +1010,40 @@ def status_by_artefact(table: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-__all__ = ["CLAIMS", "WHY", "Claim", "Finding", "evaluate", "status_by_artefact", "to_markdown", "PAPER_SYSTEMS"]
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m repro.figures.claims",
+                                 description="List the claims table's Why texts that need rewriting, or stamp rewritten ones.")
+    ap.add_argument("--results-dir", default="results")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--stale", action="store_true", help="list texts written for other verdicts or other numbers (exit 1 if any)")
+    g.add_argument("--stamp", nargs="+", metavar="ID", help="record today's numbers on these claim ids / note keys")
+    a = ap.parse_args(argv)
+    table = evaluate(a.results_dir)
+    if a.stamp:
+        try:
+            done = stamp_entries(table, a.stamp)
+        except KeyError as exc:
+            print(f"error: {exc.args[0]}", file=sys.stderr)
+            return 2
+        print(f"stamped {len(done)}: {' '.join(done)}")
+        return 0
+    todo = stale_entries(table)
+    for e in todo:
+        print(f"{e['kind']} {e['id']}" + (f" [{e['verdict']}]" if e["verdict"] else "") + f": {e['reason']}")
+        if e["ours"]:
+            print(f"    ours now: {e['ours']}")
+        if e.get("text"):
+            print(f"    text on file: {e['text'][:300]}")
+    print(f"{len(todo)} text(s) to rewrite" if todo else "every Why text is current")
+    return 1 if todo else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["CLAIMS", "WHY", "Claim", "Finding", "Why", "evaluate", "stale_entries", "status_by_artefact", "to_markdown",
+           "PAPER_SYSTEMS"]

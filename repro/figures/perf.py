@@ -11,8 +11,17 @@ repro.figures.load, checks the cells pool cleanly over seeds, and writes
 kind "bars": one bar per system (fig2/3/4); kind "sweep": x = a swept config field, one line
 per system (fig5-7, 10-14). Error bars / bands are ± one sample SD over seeds (none for one
 seed). A system whose cells lack the x field (e.g. Cache-Aware in the decay-interval sweep)
-is drawn as a dotted horizontal reference line. RLT systems are dashed lines, so an RLT line
-lying exactly on its LRU sibling stays visible.
+is drawn as a dotted horizontal reference line.
+
+Readability rules of the sweeps (the four close systems otherwise lie on top of each other):
+every system has its own marker and line style (RLT variants hollow markers), and its points
+are shifted sideways by a small fixed dodge (DODGE of the x step, in system order; the tick
+stays on the true x). Scales: the four latency / TTFT panels of one figure share ONE scale
+rule — all logarithmic when the values of any of them span more than LOG_SPAN, else all
+linear — so a P50 and a P95 panel are never on different kinds of axis. Hit rate and
+throughput are linear from 0 with headroom above the largest value, and markers are not
+clipped at the panel edges. Log axes get 1-2-5 ticks, or 1..9 ticks when a panel spans less
+than a decade, so that every panel shows at least three labelled ticks.
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ def metric_values(metric: str, values):
     return np.asarray(values, dtype=float) * (100.0 if metric in PERCENT_METRICS else 1.0)
 
 
-LOG_SPAN = 20.0  # a time panel gets a log axis when its values span more than this factor
+LOG_SPAN = 10.0  # the time panels of a figure get log axes when any of them spans more than this factor
+DODGE = 0.12  # sideways shift between neighbouring systems, as a fraction of the smallest x step
+HEADROOM = 1.08  # linear panels: top = largest value x this
 
 
 def wide_range(part: pd.DataFrame, metric: str) -> bool:
@@ -53,24 +64,53 @@ def wide_range(part: pd.DataFrame, metric: str) -> bool:
     return len(vals) > 1 and vals.max() / vals.min() > LOG_SPAN
 
 
+def log_time_panels(agg: pd.DataFrame) -> bool:
+    """One scale for all latency / TTFT panels of a figure: log if any of them spans > LOG_SPAN."""
+    return any(wide_range(agg, m) for m in LOG_METRICS if m in agg)
+
+
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
+# Distinct per system (in system order): solid, dashed, dash-dot, dotted, long dash, dash-dot-dot.
+LINESTYLES = ("-", (0, (4, 2)), (0, (5, 1.5, 1, 1.5)), (0, (1, 1.2)), (0, (8, 2)), (0, (4, 1.5, 1, 1.5, 1, 1.5)))
 
 
 def line_style(system: str, systems: list[str]) -> dict:
-    """A marker per system; RLT variants dashed, so that an RLT line lying exactly on its LRU
-    sibling (no eviction) still shows both colours."""
-    return {"marker": MARKERS[systems.index(system) % len(MARKERS)], "ms": 3.5, "lw": 1.2,
-            "ls": (0, (4, 2)) if system.endswith("+RLT") else "-"}
+    """A marker and a line style per system; RLT variants have hollow markers, so that two lines
+    lying exactly on each other still show both."""
+    i = systems.index(system)
+    style = {"marker": MARKERS[i % len(MARKERS)], "ms": 4.0, "lw": 1.2, "ls": LINESTYLES[i % len(LINESTYLES)]}
+    if system.endswith("+RLT"):
+        style.update(mfc="white", mew=1.1)
+    return style
 
 
-def log_axis(ax) -> None:
-    """Log y axis labelled 0.1, 0.2, 0.5, 1, 2, 5 ... in plain numbers."""
+def dodge_offsets(xs, n_systems: int, log_base: int = 0) -> np.ndarray:
+    """Per system index, its sideways shift: additive on a linear x axis, multiplicative (a factor)
+    on a log axis; DODGE of the smallest step between neighbouring x values."""
+    xs = np.unique(np.asarray(xs, dtype=float))
+    centred = np.arange(n_systems) - (n_systems - 1) / 2
+    if len(xs) < 2:
+        return np.zeros(n_systems) if not log_base else np.ones(n_systems)
+    if log_base:
+        step = float(np.min(np.diff(np.log(xs[xs > 0])))) if (xs > 0).sum() > 1 else 0.0
+        return np.exp(centred * DODGE * step / max(n_systems - 1, 1) * 2)
+    step = float(np.min(np.diff(xs)))
+    return centred * DODGE * step / max(n_systems - 1, 1) * 2
+
+
+def log_axis(ax, lo: float | None = None, hi: float | None = None) -> None:
+    """Log y axis labelled in plain numbers: 1-2-5 ticks, 1..9 when the panel spans < a decade."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    narrow = lo is not None and hi is not None and lo > 0 and hi / lo < 10
+    subs = tuple(float(k) for k in range(1, 10)) if narrow else (1.0, 2.0, 5.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"))
     ax.yaxis.set_minor_locator(NullLocator())  # no minor ticks: fewer labels to lay out
+    if lo is not None and hi is not None and lo > 0:  # room above and below the extreme markers
+        pad = 1.15 if narrow else 1.3
+        ax.set_ylim(lo / pad, hi * pad)
 
 
 def _fmt_x(v) -> str:
@@ -138,9 +178,10 @@ class PerfFigure:
                 parts.append(extra)
         if self.notes:
             parts.append(self.notes)
-        parts.append(f"Latency and TTFT panels whose values span more than {LOG_SPAN:g}x have a logarithmic axis, "
-                     "the others a linear one" + (" from 0." if self.kind == "bars" else
-                                                 "; bands are ± SD over seeds where there are several."))
+        parts.append(f"All latency and TTFT panels share one scale: logarithmic when the values of any of them span "
+                     f"more than {LOG_SPAN:g}x, else linear" + (" from 0." if self.kind == "bars" else
+                     "; bands are ± SD over seeds where there are several; points of neighbouring systems are "
+                     "shifted slightly sideways so that equal values stay visible (ticks mark the true x)."))
         return " ".join(parts)
 
     # -- drawing ------------------------------------------------------------------------
@@ -156,6 +197,7 @@ class PerfFigure:
         systems = system_order(agg[SYSTEM])
         colors = system_colors(systems)
         n_rows, n_cols = len(facets), len(METRICS)
+        log_time = log_time_panels(agg)
         fig, axes = plt.subplots(n_rows, n_cols, figsize=(2.25 * n_cols, 1.95 * n_rows + 0.4), squeeze=False)
         for r, fv in enumerate(facets):
             sel = np.ones(len(agg), dtype=bool)
@@ -168,13 +210,20 @@ class PerfFigure:
                 if self.kind == "bars":
                     self._bars(ax, part, metric, systems, colors)
                 else:
-                    self._sweep(ax, part, metric, systems, colors)
+                    self._sweep(ax, part, metric, systems, colors, log_y=metric in LOG_METRICS and log_time)
                 ax.set_title(METRIC_LABELS[metric] if r == 0 else "")
                 ax.set_ylabel(row_label if c == 0 and n_rows > 1 else "", fontweight="bold")
-                if metric in LOG_METRICS and wide_range(part, metric):
-                    log_axis(ax)
+                if metric in LOG_METRICS and log_time:
+                    vals = part[metric].to_numpy(dtype=float)
+                    vals = vals[np.isfinite(vals) & (vals > 0)]
                     if self.kind == "bars":  # room under the shortest bar
-                        ax.set_ylim(bottom=float(np.nanmin(part[metric].to_numpy(dtype=float))) / 3)
+                        log_axis(ax)
+                        if len(vals):
+                            ax.set_ylim(bottom=float(vals.min()) / 3)
+                    elif len(vals):
+                        sds = part[f"{metric}_sd"].to_numpy(dtype=float)
+                        top = float(np.nanmax(part[metric].to_numpy(dtype=float) + np.nan_to_num(sds)))
+                        log_axis(ax, float(vals.min()), max(top, float(vals.max())))
         reference = {s for s in systems if self.kind == "sweep" and agg.loc[agg[SYSTEM] == s, self.x].isna().all()}
         handles = [
             Patch(facecolor=colors[s], label=s) if self.kind == "bars" else
@@ -208,11 +257,12 @@ class PerfFigure:
         ax.set_xlim(-0.6, len(systems) - 0.4)
         ax.grid(axis="x", visible=False)
 
-    def _sweep(self, ax, part, metric, systems, colors) -> None:
+    def _sweep(self, ax, part, metric, systems, colors, log_y: bool = False) -> None:
         from matplotlib.ticker import NullLocator
 
         scale = 100.0 if self.x_percent else 1.0
         xs_all = part[self.x].dropna()
+        shifts = dodge_offsets(xs_all.to_numpy(dtype=float) * scale, len(systems), self.x_log)
         for s in systems:
             row = part[part[SYSTEM] == s]
             if row.empty:
@@ -223,14 +273,19 @@ class PerfFigure:
                 ax.axhline(mean, color=colors[s], ls=":", lw=1.2)
                 continue
             x = line[self.x].to_numpy(dtype=float) * scale
+            shift = shifts[systems.index(s)]
+            x = x * shift if self.x_log else x + shift
             y = metric_values(metric, line[metric])
             sd = metric_values(metric, line[f"{metric}_sd"])
-            ax.plot(x, y, color=colors[s], **line_style(s, systems))
+            ax.plot(x, y, color=colors[s], clip_on=False, zorder=3, **line_style(s, systems))
             if (line["n_seeds"] > 1).any():
-                lo = np.maximum(y - sd, y * 1e-3) if metric in LOG_METRICS else y - sd
+                lo = np.maximum(y - sd, y * 1e-3) if log_y else y - sd
                 ax.fill_between(x, lo, y + sd, color=colors[s], alpha=0.18, lw=0)
-        if metric not in LOG_METRICS:  # hit rate and throughput from 0: small differences stay small
-            ax.set_ylim(bottom=0)
+        if not log_y:
+            # linear from 0 (hit rate, throughput: small differences stay small), headroom on top
+            vals = metric_values(metric, part[metric] + part[f"{metric}_sd"].fillna(0))
+            top = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
+            ax.set_ylim(0, (top * HEADROOM) if top > 0 else 1.0)
         if self.x_log:
             ax.set_xscale("log", base=self.x_log)
         ticks = sorted(set((xs_all.to_numpy(dtype=float) * scale).tolist()))

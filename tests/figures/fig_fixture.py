@@ -66,6 +66,17 @@ def grid(exp: str, small: bool = False) -> list[dict]:
     elif exp == "fig3_models":
         for m in ("llama31_70b", "mixtral_8x7b"):
             add(six, workload="sharegpt", model=m, hardware="h200")
+    elif exp in ("fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks"):
+        m = "llama31_70b" if exp.startswith("fig8") else "mixtral_8x7b"
+        for wl in ("gsp", "ultrachat", "loogle")[: 2 if small else 3]:
+            add(six, workload=wl, model=m, hardware="h200")
+    elif exp == "fig2_router_rules":  # the cache-aware rows under the old rule (the rest: fig2_main)
+        for wl in workloads:
+            add(["CacheAware+LRU", "CacheAware+RLT"], seeds=(0, 1, 2), workload=wl, low_match="smallest_tree")
+    elif exp == "regime_map":
+        for r in sweep((4.0, 16.0, 32.0)):
+            for kv in sweep((8192, 32768, 262144)):
+                add(["CacheAware+LRU", "CacheAware+RLT", "LBGR+RLT"], seeds=(0, 1), request_rate=r, kv_cache_tokens=kv)
     elif exp == "fig4_order":
         add(six, workload="loogle", order="round_robin")
     elif exp == "fig5_request_rate":
@@ -108,20 +119,23 @@ def grid(exp: str, small: bool = False) -> list[dict]:
 PERF_EXPS = (
     "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
     "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
-    "tab3_single_worker", "fig14_decay_interval", "mooncake_replay",
+    "tab3_single_worker", "fig14_decay_interval", "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",
+    "fig2_router_rules", "regime_map", "mooncake_replay",
 )
 
 
 def config(exp: str, c: dict) -> dict:
     router, eviction, _, _ = SYSTEMS[c["system"]]
     r = {"_target_": f"repro.routing.{router}", "name": router}
+    if router == "cache_aware":  # sglang-router 0.3.2's rule unless the cell says otherwise
+        r["low_match"] = c.get("low_match", "least_loaded")
     if router == "lbgr":
         r.update(decay_interval_s=c.get("decay_interval_s", 0.1), decay_factor=0.9, tracker="approximate")
     wl = c.get("workload", "gsp")
     return {
         "backend": {"name": "sim"},
         "cluster": {
-            "kv_cache_tokens": None,
+            "kv_cache_tokens": c.get("kv_cache_tokens"),
             "mem_fraction": c.get("mem_fraction", 0.9),
             "num_workers": c.get("num_workers", 4),
             "scheduler": {"max_running_requests": c.get("max_running_requests", 256), "schedule_policy": "lpm"},
