@@ -3,7 +3,7 @@
 One W&B run per grid cell, group = experiment, job_type = backend, a readable name, tags and a
 flattened config (repro.tracking.runs: ids unique per results root, stable per cell).
 
-Simulated cells (backend sim / theory): the cell writes its time series, `timeseries.parquet`
+Simulated cells (every backend but sglang, unless tracking.stream says otherwise): the cell writes its time series, `timeseries.parquet`
 (repro.tracking.series: completed req/s, hit rate, windowed P50/P95 latency and TTFT, per-worker
 in flight / queue / KV use, over simulated time), with its results — before summary.json, so a
 finished cell always has it — and then its W&B run is built from the cell's files by the same
@@ -11,7 +11,7 @@ code as `python -m repro.tracking.upload`: mode `offline` writes the `.wandb` fi
 (repro.tracking.wandb_file, a few ms, no W&B service, no `import wandb`), mode `online` sends it
 with the SDK. The run is there when the cell ends; nothing runs after the sweep.
 
-Live cells (any other backend, e.g. sglang): the SDK run opens when the cell starts and points
+Live cells (sglang, or tracking.stream=true): the SDK run opens when the cell starts and points
 are logged as the cell goes, x axis `wall_time_s` (seconds since the cell started): the backend's
 `progress(fraction)` calls (throttled to `progress_interval_s`) and whatever it passes to
 `progress.log({...})` — the call a live backend makes with its windowed metrics (see
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from repro.tracking import runs
 
-FILE_BACKENDS = ("sim", "theory")  # whole series known at the end: runs built from the files
+LIVE_BACKENDS = ("sglang",)  # tracking.stream: auto -> these stream; the others' runs come from the files
 _ENV_DIRS = {
     "WANDB_CACHE_DIR": "cache",
     "WANDB_CONFIG_DIR": "config",
@@ -144,6 +144,7 @@ class LiveCellTracker(CellTracker):
         self._last = -float("inf")
         self._t0 = time.monotonic()
         self._points: list[dict] = []
+        self._complete = False
         self._swept = dict(swept)
         self._saved_env: dict[str, str | None] = {}
         self.run = None
@@ -193,9 +194,10 @@ class LiveCellTracker(CellTracker):
 
     def _progress(self, fraction: float) -> None:
         now = time.monotonic()
-        if fraction < 1.0 and now - self._last < self._interval:
+        if self._complete or (fraction < 1.0 and now - self._last < self._interval):
             return
         self._last = now
+        self._complete = fraction >= 1.0
         self._point({"progress": float(fraction)})
 
     def _log(self, metrics: Mapping[str, Any]) -> None:
@@ -204,6 +206,7 @@ class LiveCellTracker(CellTracker):
     def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
         import pandas as pd
 
+        self._progress(1.0)  # the cell's backend is done: its last point goes into the file too
         if self._points:
             series = pd.DataFrame(self._points)  # the points streamed, as streamed (union of keys)
         elif records is not None:
@@ -287,8 +290,10 @@ def start_cell_tracking(
         return CellTracker()
     swept = runs.swept_from_label(name or "")
     backend = str((config.get("backend") or {}).get("name", ""))
+    stream = tracking.get("stream", "auto")
+    live = backend in LIVE_BACKENDS if stream in ("auto", None) else bool(stream)
     try:
-        if backend in FILE_BACKENDS:
+        if not live:
             inner: CellTracker = FileCellTracker(tracking, cell_dir=Path(cell_dir), config=config, swept=swept)
         else:
             inner = LiveCellTracker(tracking, cell_dir=Path(cell_dir), signature=signature, exp_name=exp_name,

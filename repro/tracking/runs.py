@@ -123,7 +123,7 @@ def display_name(cfg: Mapping[str, Any], swept: Mapping[str, Any] | None = None)
         if flat.get("workload.request_rate") is not None:
             parts.append(f"{_fmt(flat['workload.request_rate'])} req/s")
     for key, value in (swept or {}).items():
-        if key in _NAMED_ELSEWHERE or key.split(".", 1)[0] in ("router", "eviction"):
+        if key in _NAMED_ELSEWHERE or key.split(".", 1)[0] in ("router", "eviction", "exp", *_NOISE):
             continue
         parts.append(_render(key, flat.get(key, value)))
     if flat.get("seed") is not None:
