@@ -89,11 +89,13 @@ def _warn(what: str, exc: BaseException) -> None:
 
 
 def _write_series_file(cell_dir: Path, series, swept: Mapping[str, Any]) -> dict:
-    from repro.results import atomic_write_bytes
     from repro.tracking.series import SERIES_FILE, series_bytes, series_meta
 
     meta = series_meta(series, swept=swept)
-    atomic_write_bytes(Path(cell_dir) / SERIES_FILE, series_bytes(series, meta))
+    target = Path(cell_dir) / SERIES_FILE
+    tmp = target.with_name(f".tmp-{SERIES_FILE}")  # atomic, not fsynced (repro.tracking.series)
+    tmp.write_bytes(series_bytes(series, meta))
+    os.replace(tmp, target)
     return meta
 
 

@@ -16,7 +16,10 @@ last finish. The window is WINDOW_POINTS grid steps ending at the point; an empt
 NaN (not logged). Computed with a handful of numpy passes (the per-window percentiles by one
 sort of (window, value) pairs), about a millisecond for a 1024-request cell.
 
-File: `timeseries.parquet` in the cell folder (zstd, window metrics float32). Size cap: at most
+File: `timeseries.parquet` in the cell folder (zstd, window metrics float32), written atomically
+(temp file + rename) but, unlike the identity files, not fsynced: a flush costs 3-10 ms here,
+half the tracking budget of a cell; a killed process cannot leave a partial file, only a
+machine crash right after the cell could (then `repro.tracking.upload` reports that cell). Size cap: at most
 max_points rows x (7 + 3 x workers) columns; with the default 320 points that is < 40 KiB for
 4 workers and < 80 KiB for 10 (tests/tracking check it). Its key/value metadata `repro.series`
 holds the grid step, the window and the cell's swept keys (for the W&B display name).
@@ -142,7 +145,7 @@ def series_bytes(series: pd.DataFrame, meta: Mapping[str, Any]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(series, preserve_index=False)
+    table = pa.table({str(c): series[c].to_numpy() for c in series.columns})  # ~10x cheaper than from_pandas
     table = table.replace_schema_metadata({META_KEY: json.dumps(dict(meta), sort_keys=True).encode()})
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd", write_statistics=False)

@@ -83,6 +83,7 @@ def _bool(field: int, v: bool) -> bytes:
 R_NUM, R_HISTORY, R_SUMMARY, R_CONFIG, R_METRIC, R_RUN, R_EXIT, R_HEADER = 1, 2, 3, 5, 12, 17, 18, 21
 ITEM_KEY, ITEM_NESTED, ITEM_VALUE = 1, 2, 16  # ConfigItem / SummaryItem / HistoryItem
 _ITEM_VALUE_KEY = _key(ITEM_VALUE, 2)
+_ITEM_TAG = _key(1, 2)
 
 
 def _item(key: str, value_json: str) -> bytes:
@@ -171,33 +172,42 @@ def history_record(step: int, items: Iterable[tuple[str, str]]) -> bytes:
     return _bytes(R_HISTORY, body)
 
 
+def _column_items(prefix: bytes, values: Sequence[Any], logged: bool) -> list[bytes | None]:
+    """The encoded HistoryItem (tag + length + body) of each value of one column; None = not logged."""
+    small, finite, tag = _SMALL, math.isfinite, _ITEM_TAG
+    out: list[bytes | None] = []
+    for v in values:
+        if v.__class__ is float:
+            if not finite(v):
+                out.append(None)
+                continue
+            vb = repr(v).encode()
+        elif v.__class__ is int:
+            vb = str(v).encode()
+        else:
+            sj = value_json(v) if logged else None
+            if sj is None:
+                out.append(None)
+                continue
+            vb = sj.encode()
+        body = prefix + small[len(vb)] + vb
+        out.append(tag + _varint(len(body)) + body)
+    return out
+
+
 def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, runtime: Sequence[float], t0: float):
-    """history_record() of every row (+ _step/_runtime/_timestamp; NaN cells left out), with the
-    per-column bytes precomputed: the hot loop of a cell's run (~5k items)."""
-    small = _SMALL
-    pre = [_str(ITEM_NESTED, c) + _ITEM_VALUE_KEY for c in (*columns, "_step", "_runtime", "_timestamp")]
-    n = len(columns)
-    finite = math.isfinite
-    item_tag = _key(1, 2)
-    for step, (row, rt) in enumerate(zip(rows, runtime)):
-        parts = []
-        vals = (*row, step, float(rt), t0 + float(rt))
-        for i, v in enumerate(vals):
-            if v.__class__ is float:
-                if not finite(v):
-                    continue
-                vb = repr(v).encode()
-            elif v.__class__ is int:
-                vb = str(v).encode()
-            else:
-                sj = value_json(v) if i < n else None
-                if sj is None:
-                    continue
-                vb = sj.encode()
-            body = pre[i] + small[len(vb)] + vb
-            parts.append(item_tag + _varint(len(body)) + body)
-        parts.append(_bytes(2, _int(1, step)))
-        yield _bytes(R_HISTORY, b"".join(parts))
+    """history_record() of every row (+ _step/_runtime/_timestamp; NaN cells left out), encoded
+    column by column with the per-column bytes precomputed: the hot loop of a cell's run."""
+    rows = list(rows)
+    n = len(rows)
+    runtime = [float(r) for r in runtime][:n]
+    cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in columns]
+    cols += [list(range(n)), runtime, [t0 + r for r in runtime]]
+    names = (*columns, "_step", "_runtime", "_timestamp")
+    encoded = [_column_items(_str(ITEM_NESTED, c) + _ITEM_VALUE_KEY, vals, True) for c, vals in zip(names, cols)]
+    for step, items in enumerate(zip(*encoded)):
+        body = b"".join([i for i in items if i is not None]) + _bytes(2, _int(1, step))
+        yield _key(R_HISTORY, 2) + _varint(len(body)) + body
 
 
 def summary_record(items: Iterable[tuple[str, str]]) -> bytes:
