@@ -97,6 +97,7 @@ def cell_run(
         "columns": [],
         "rows": [],
         "runtime": [],
+        "formats": None,
     }
     if series is not None and len(series):
         t = series.iloc[:, 0].to_numpy(dtype=float)
@@ -106,6 +107,7 @@ def cell_run(
         # rows as Python scalars (ints stay ints, float32 -> float); one pass per column
         cols = [series[c].tolist() for c in series.columns]
         out["rows"] = list(zip(*cols))
+        out["formats"] = [".9g" if series[c].dtype == "float32" else None for c in series.columns]
         # W&B's relative-time axis: the cell's wall time spread over its simulated time
         out["runtime"] = ((t - t[0]) / span * wall).tolist()
     return out

@@ -172,8 +172,9 @@ def history_record(step: int, items: Iterable[tuple[str, str]]) -> bytes:
     return _bytes(R_HISTORY, body)
 
 
-def _column_items(prefix: bytes, values: Sequence[Any], logged: bool) -> list[bytes | None]:
-    """The encoded HistoryItem (tag + length + body) of each value of one column; None = not logged."""
+def _column_items(prefix: bytes, values: Sequence[Any], fmt: str | None = None) -> list[bytes | None]:
+    """The encoded HistoryItem (tag + length + body) of each value of one column; None = not logged.
+    `fmt`: float format (".9g" for float32 columns: exact, half the bytes of repr)."""
     small, finite, tag = _SMALL, math.isfinite, _ITEM_TAG
     out: list[bytes | None] = []
     for v in values:
@@ -181,11 +182,11 @@ def _column_items(prefix: bytes, values: Sequence[Any], logged: bool) -> list[by
             if not finite(v):
                 out.append(None)
                 continue
-            vb = repr(v).encode()
+            vb = (format(v, fmt) if fmt else repr(v)).encode()
         elif v.__class__ is int:
             vb = str(v).encode()
         else:
-            sj = value_json(v) if logged else None
+            sj = value_json(v)
             if sj is None:
                 out.append(None)
                 continue
@@ -195,7 +196,8 @@ def _column_items(prefix: bytes, values: Sequence[Any], logged: bool) -> list[by
     return out
 
 
-def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, runtime: Sequence[float], t0: float):
+def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, runtime: Sequence[float], t0: float,
+                    formats: Sequence[str | None] | None = None):
     """history_record() of every row (+ _step/_runtime/_timestamp; NaN cells left out), encoded
     column by column with the per-column bytes precomputed: the hot loop of a cell's run."""
     rows = list(rows)
@@ -204,7 +206,8 @@ def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, ru
     cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in columns]
     cols += [list(range(n)), runtime, [t0 + r for r in runtime]]
     names = (*columns, "_step", "_runtime", "_timestamp")
-    encoded = [_column_items(_str(ITEM_NESTED, c) + _ITEM_VALUE_KEY, vals, True) for c, vals in zip(names, cols)]
+    fmts = [*(formats or [None] * len(columns)), None, None, None]
+    encoded = [_column_items(_str(ITEM_NESTED, c) + _ITEM_VALUE_KEY, vals, f) for c, vals, f in zip(names, cols, fmts)]
     for step, items in enumerate(zip(*encoded)):
         body = b"".join([i for i in items if i is not None]) + _bytes(2, _int(1, step))
         yield _key(R_HISTORY, 2) + _varint(len(body)) + body
@@ -266,6 +269,7 @@ def write_offline_run(
     columns: Sequence[str] = (),
     rows: Iterable[Sequence[Any]] = (),
     runtime: Sequence[float] = (),
+    formats: Sequence[str | None] | None = None,
     runtime_s: float = 0.0,
     start_time: datetime | None = None,
     host: str = "repro",
@@ -287,7 +291,7 @@ def write_offline_run(
         if time_key:
             yield metric_record(name=time_key)
             yield metric_record(glob_name="*", step_metric=time_key)
-        yield from history_records(columns, rows, runtime=runtime, t0=t0)
+        yield from history_records(columns, rows, runtime=runtime, t0=t0, formats=formats)
         items = [(k, s) for k, v in summary.items() if (s := value_json(v)) is not None]
         items.append(("_runtime", repr(float(runtime_s))))
         yield summary_record(items)
