@@ -48,18 +48,15 @@ def root_id(root: str | os.PathLike, *, create: bool = True) -> str:
         if not create:
             raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = secrets.token_hex(4)
+    tmp = path.with_name(f".tmp-{ROOT_ID_FILE}-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.write_text(secrets.token_hex(4) + "\n")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:  # another process won the race: use its id
-        for _ in range(100):
-            text = path.read_text().strip()
-            if text:
-                return text
-        raise
-    with os.fdopen(fd, "w") as f:
-        f.write(new + "\n")
-    return new
+        os.link(tmp, path)  # appears with its content or not at all; the first process wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return root_id(root, create=False)
 
 
 def run_id(exp_name: str, signature: str, root: str) -> str:
@@ -107,6 +104,8 @@ def _render(key: str, value: Any) -> str:
         return f"{_fmt(value)} workers"
     if short == "kv_cache_tokens":
         return f"{_fmt(value)} KV tokens"
+    if short == "name" or key in ("model", "hardware"):  # model.name=llama31_70b, model=llama31_70b
+        return _fmt(value)
     return f"{short}={_fmt(value)}"
 
 
