@@ -47,7 +47,6 @@ class TrackingSchema:
     project: str = "repro"
     entity: Optional[str] = None
     tags: List[str] = field(default_factory=list)
-    log_requests_table: bool = False  # per-request W&B table (one row per request; requests.parquet has it anyway)
     stream: Any = "auto"  # auto (sglang streams live, other backends' runs come from their files) | true | false
     max_points: int = 320  # time-series points per cell: max_points/2 .. max_points (repro.sim.StateSampler)
     progress_interval_s: float = 2.0  # wall-clock throttle for live progress points

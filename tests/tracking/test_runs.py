@@ -49,3 +49,17 @@ def test_root_id_is_created_once_and_shared_by_racing_processes(tmp_path):
     assert len(set(got)) == 1 and (tmp_path / runs.ROOT_ID_FILE).read_text().strip() == got[0]
     assert runs.root_id(tmp_path / "other") != got[0]
     assert len(runs.run_id("fig14_decay_interval" * 3, "0123456789ab", got[0])) <= 64
+
+
+def test_bad_tracking_settings_are_config_errors():
+    import copy
+
+    from repro.harness.validate import value_errors
+    from tests.harness.helpers import compose_fixture
+
+    good = compose_fixture(["exp=tiny"])
+    assert value_errors(good) == []
+    for key, value, fragment in (("stream", "yes", "tracking.stream"), ("max_points", 2, "tracking.max_points")):
+        bad = copy.deepcopy(good)
+        bad["tracking"][key] = value
+        assert any(fragment in e for e in value_errors(bad)), key
