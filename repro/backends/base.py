@@ -27,9 +27,11 @@ class CellResult:
 
     `records` has RECORD_COLUMNS (failed requests: failed=True, times NaN).
     `provenance` goes into summary.json; `timings` (wall-clock, machine-dependent) into
-    timings.json and never into a result's identity.
+    timings.json and never into a result's identity. `samples` (optional): backend-side state
+    over time for the cell's time series (repro.tracking.series), e.g. StateSampler.as_dict().
     """
 
     records: pd.DataFrame
     provenance: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    samples: dict | None = None

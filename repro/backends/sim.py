@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 import repro
 from repro.backends.base import CellResult
 from repro.confutil import to_plain
-from repro.sim.cluster import SeedPlan, SimCluster
+from repro.sim.cluster import SeedPlan, SimCluster, StateSampler
 from repro.sim.worker import SchedulerConfig
 
 
@@ -87,7 +87,12 @@ def run_cell(
         router = wrap_router(router)
 
     sim = SimCluster(workload.requests, caches, cost_model, router, scheduler, str(eviction_name), seeds.router)
-    result = sim.run(progress)
+    # worker state over simulated time for the cell's time series (not when tracking is off)
+    tracking = cfg.get("tracking") or {}
+    sampler = None if str(tracking.get("mode", "offline")) == "disabled" else StateSampler(
+        int(tracking.get("max_points", 320))
+    )
+    result = sim.run(progress, sampler)
 
     provenance = {
         "backend": "sim",
@@ -108,4 +113,5 @@ def run_cell(
             "numpy": np.__version__,
         },
     }
-    return CellResult(records=result.records, provenance=provenance, timings=result.timings)
+    samples = sampler.as_dict() if sampler is not None else None
+    return CellResult(records=result.records, provenance=provenance, timings=result.timings, samples=samples)

@@ -36,6 +36,8 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--reproduce-md", default="REPRODUCE.md", help="the file whose generated blocks are rewritten")
     ap.add_argument("--run-missing", action="store_true", help="run missing/incomplete experiments first")
     ap.add_argument("--check", action="store_true", help="compare the generated tables with the committed ones")
+    ap.add_argument("--tracking", choices=("offline", "online", "disabled"), default="offline",
+                    help="log this build's figures, tables and claims to one W&B run (repro.tracking.figures)")
     return ap.parse_args(argv)
 
 
@@ -155,6 +157,7 @@ def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path) ->
         log(f"[claims] {reproduce_md} does not exist: only figures/claims.md written")
     counts = table["verdict"].value_counts().to_dict()
     log(f"[claims] {len(table)} claims: {counts}")
+    return table
 
 
 def check(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> int:
@@ -206,7 +209,12 @@ def main(argv=None) -> int:
     t_run = time.perf_counter() - t0
     with memoized_loads():  # results/ does not change from here on
         problems += render(names, results_dir, figures_dir)
-        write_generated(results_dir, figures_dir, reproduce_md)
+        claims_table = write_generated(results_dir, figures_dir, reproduce_md)
+    if a.tracking != "disabled":
+        from repro.tracking.figures import log_figures_run
+
+        run_dir = log_figures_run(results_dir, figures_dir, names, claims_table, mode=a.tracking)
+        log(f"[wandb] figures run ({a.tracking}): {run_dir or 'not written (see the warning)'}")
     log(f"[done] {'run ' + format(t_run, '.0f') + ' s, ' if a.run_missing else ''}"
         f"total {time.perf_counter() - t0:.0f} s wall")
     for p in problems:

@@ -41,3 +41,32 @@ class ValidateGridCallback(Callback):
             print(f"repro.run: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         log.info("validated %d cell(s)", len(cells))
+        self._multirun_start(cells)
+
+    # -- progress lines and the final table of -m runs (repro.harness.progress)
+    def _multirun_start(self, cells) -> None:
+        from repro.harness.progress import SweepProgress
+        from repro.harness.sweep import make_specs
+
+        self._cells, self._specs = cells, make_specs(cells)
+        exp = self._specs[0].exp_name if self._specs else "?"
+        self._progress = SweepProgress(len(cells), exp, tty=False)  # Hydra logs per job anyway
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        progress = getattr(self, "_progress", None)
+        if progress is not None:
+            from hydra.core.utils import JobStatus
+
+            progress.update(failed=getattr(job_return, "status", None) == JobStatus.FAILED)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if getattr(self, "_specs", None) is None:
+            return
+        from repro.harness.progress import outcomes_from_store
+        from repro.harness.sweep import format_table, summary_table
+
+        outcomes = outcomes_from_store(self._specs)
+        print(format_table(summary_table(self._cells, outcomes)), flush=True)
+        counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "failed", "missing")}
+        print(f"{self._specs[0].exp_name}: {counts['ran']} finished, {counts['failed']} failed, "
+              f"{counts['missing']} missing", flush=True)

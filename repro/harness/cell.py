@@ -5,11 +5,12 @@ file behind: every write is atomic, see repro.results.store):
 1. summary.json present -> the cell is finished: skip it.
 2. Otherwise the folder holds at most an unfinished attempt (killed or failed): clear it.
 3. config.yaml (the resolved cell config, sorted keys).
-4. The backend runs (W&B tracking alongside, never in the way).
+4. The backend runs (W&B tracking alongside, never in the way; live cells stream to W&B).
 5. requests.parquet (RECORD_COLUMNS, deterministic bytes), timings.json (the backend's
    wall-clock timings at the top level + a `harness` entry: backend wall time, host, pid, start;
-   never part of any identity check), then summary.json LAST (repro.metrics.summarize +
-   provenance).
+   never part of any identity check), timeseries.parquet (repro.tracking.series; not with
+   tracking=disabled), then summary.json LAST (repro.metrics.summarize + provenance), then
+   the cell's W&B run (repro.tracking).
    A backend that returns a plain dict (theory) has no requests.parquet: that dict is the
    summary.
 A failing cell writes error.txt (the traceback) and no summary.json; the sweep goes on.
@@ -177,6 +178,7 @@ def run_cell_spec(spec: CellSpec) -> CellOutcome:
             "started_utc": started,
         }
         store.write_json(TIMINGS, timings)
+        tracker.write_series(store.dir, records, getattr(result, "samples", None))  # timeseries.parquet
         faults.checkpoint("before_summary")
         store.write_json("summary.json", summary)  # last: marks the cell finished
         failed = False

@@ -51,7 +51,8 @@ class TrackingSchema:
     project: str = "repro"
     entity: Optional[str] = None
     tags: List[str] = field(default_factory=list)
-    log_requests_table: bool = True  # per-request table (one row per request)
+    stream: Any = "auto"  # auto (sglang streams live, other backends' runs come from their files) | true | false
+    max_points: int = 320  # time-series points per cell: max_points/2 .. max_points (repro.sim.StateSampler)
     progress_interval_s: float = 2.0  # wall-clock throttle for live progress points
     init_timeout_s: float = 60.0  # online mode: give up on W&B (and keep going) after this
 

@@ -87,9 +87,9 @@ def make_specs(cells: Sequence[Cell]) -> list[CellSpec]:
 
 
 def _bar(total: int, desc: str):
-    from tqdm import tqdm
+    from repro.harness.progress import SweepProgress  # tqdm on a terminal, plain lines elsewhere
 
-    return tqdm(total=total, desc=desc, unit="cell", file=sys.stderr, dynamic_ncols=True, disable=None)
+    return SweepProgress(total, desc)
 
 
 def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = "cells") -> list[CellOutcome]:
@@ -113,15 +113,12 @@ def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = 
     n_jobs = usable_cpus() if n_jobs is None else int(n_jobs)
     n_jobs = max(1, min(n_jobs, len(todo)))
     bar = _bar(len(todo), desc)
-    failed = 0
     try:
         if n_jobs == 1:
             for spec in todo:
                 out = run_cell_spec(spec)
                 outcomes[spec.index] = out
-                failed += out.status == "failed"
-                bar.set_postfix(failed=failed)
-                bar.update()
+                bar.update(failed=out.status == "failed")
         elif todo:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
@@ -143,9 +140,7 @@ def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = 
                             spec.index, spec.signature, "failed", "", error=f"{type(exc).__name__}: {exc}"
                         )
                     outcomes[spec.index] = out
-                    failed += out.status == "failed"
-                    bar.set_postfix(failed=failed)
-                    bar.update()
+                    bar.update(failed=out.status == "failed")
     finally:
         bar.close()
 

@@ -78,6 +78,9 @@ def value_errors(cfg: Mapping) -> list[str]:
     )
     mode = get_path(cfg, "tracking.mode")
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
+    stream, points = get_path(cfg, "tracking.stream"), get_path(cfg, "tracking.max_points")
+    need(stream in ("auto", True, False, None), f"tracking.stream must be auto, true or false (got {stream!r})")
+    need(points is None or (_is_int(points) and points >= 4), f"tracking.max_points must be >= 4 (got {points!r})")
 
     backend = get_path(cfg, "backend.name")
     try:

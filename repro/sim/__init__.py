@@ -8,7 +8,7 @@ simplification), `repro.sim.cluster` the event loop and the seed plan. The confi
 point is `repro.backends.sim.run_cell`.
 """
 
-from repro.sim.cluster import SeedPlan, SimCluster, SimResult, validate_requests
+from repro.sim.cluster import SeedPlan, SimCluster, SimResult, StateSampler, validate_requests
 from repro.sim.worker import RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView, StepInfo
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "SimTimings",
     "SimWorker",
     "SimWorkerView",
+    "StateSampler",
     "StepInfo",
     "validate_requests",
 ]

@@ -125,7 +125,10 @@ class SimCluster:
         self.router_seed = router_seed
         self._ran = False
 
-    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+    def run(
+        self, progress: Callable[[float], None] | None = None, sampler: "StateSampler | None" = None
+    ) -> SimResult:
+        """Simulate to the end; `sampler` (optional) records worker state on a simulated-time grid."""
         if self._ran:
             raise RuntimeError("a SimCluster runs once; build a new one")
         self._ran = True
@@ -145,10 +148,13 @@ class SimCluster:
         report_every = max(1, n // 100)
         next_report = report_every
         kick: list[int] = []
+        next_sample = sampler.start(views, arrival[0], arrival[n - 1]) if sampler is not None else inf
         while True:
             ta = arrival[ai]
             if heap and heap[0][0] <= ta:
                 now, _, w = heappop(heap)
+                if now >= next_sample:  # state before the events at `now`
+                    next_sample = sampler.sample(now)
                 done = workers[w].end_step(now)
                 if done:
                     first, finish, cached = table.first_token_s, table.finish_s, table.cached_tokens
@@ -165,6 +171,8 @@ class SimCluster:
                 kick.append(w)
             elif ta < inf:
                 now = ta
+                if now >= next_sample:
+                    next_sample = sampler.sample(now)
                 i = ai
                 ai += 1
                 t0 = perf_counter_ns()
@@ -200,6 +208,8 @@ class SimCluster:
             raise RuntimeError(f"simulation ended with {n - n_done} unfinished requests, e.g. {stuck}")
         if progress is not None:
             progress(1.0)
+        if sampler is not None:
+            sampler.sample(sampler.sample(now))  # the grid runs to one point past the last event
         wall_s = (perf_counter_ns() - t_wall0) / 1e9
         timings = tm.as_dict()
         timings["simulation"] = {"wall_s": wall_s, "requests_per_wall_s": n / wall_s if wall_s > 0 else None}
@@ -229,6 +239,69 @@ class SimCluster:
             }
         )
         return df[list(RECORD_COLUMNS)]
+
+
+class StateSampler:
+    """Per-worker state (in flight, queued, KV tokens in use) on a regular grid of simulated time.
+
+    Grid t_k = t0 + k * dt; the value at t_k is the state after every event before t_k. dt
+    starts at (last arrival - first arrival) / (max_points / 2); whenever the grid would pass
+    `max_points` (a long drain), every other point is dropped and dt doubles, so a cell ends with
+    max_points/2 .. max_points points whatever its length, at one float compare per event.
+    Reads only the router-facing SimWorkerView attributes.
+    """
+
+    def __init__(self, max_points: int = 320):
+        if max_points < 4:
+            raise ValueError(f"max_points must be >= 4, got {max_points}")
+        self.max_points = int(max_points)
+        self.t0 = 0.0
+        self.dt = 1.0
+        self.in_flight: list[list[int]] = []  # one row per grid point, one column per worker
+        self.queue: list[list[int]] = []
+        self.kv_used: list[list[int]] = []
+        self.kv_capacity: list[int] = []
+        self._views: Sequence[SimWorkerView] = ()
+
+    def start(self, views: Sequence[SimWorkerView], first_arrival_s: float, last_arrival_s: float) -> float:
+        self._views = views
+        self.kv_capacity = [int(v.kv_capacity_tokens) for v in views]
+        span = float(last_arrival_s) - float(first_arrival_s)
+        self.t0 = float(first_arrival_s)
+        self.dt = span / (self.max_points // 2) if span > 0 else 1e-3
+        return self.t0
+
+    def sample(self, now: float) -> float:
+        """Record the current state at every grid time <= now not yet recorded; next grid time."""
+        views = self._views
+        fl = [v.in_flight for v in views]
+        q = [v.waiting for v in views]
+        kv = [v.kv_used_tokens for v in views]
+        while True:
+            k = len(self.in_flight)
+            t = self.t0 + k * self.dt
+            if t > now:
+                return t
+            self.in_flight.append(fl)
+            self.queue.append(q)
+            self.kv_used.append(kv)
+            if len(self.in_flight) >= self.max_points:
+                self.in_flight = self.in_flight[::2]
+                self.queue = self.queue[::2]
+                self.kv_used = self.kv_used[::2]
+                self.dt *= 2.0
+
+    def as_dict(self) -> dict:
+        """Plain arrays: time_s (K,), in_flight / queue / kv_used_tokens (K, M), kv_capacity_tokens (M,)."""
+        k = len(self.in_flight)
+        m = len(self.kv_capacity)
+        return {
+            "time_s": self.t0 + self.dt * np.arange(k, dtype=np.float64),
+            "in_flight": np.array(self.in_flight, dtype=np.int32).reshape(k, m),
+            "queue": np.array(self.queue, dtype=np.int32).reshape(k, m),
+            "kv_used_tokens": np.array(self.kv_used, dtype=np.int64).reshape(k, m),
+            "kv_capacity_tokens": np.array(self.kv_capacity, dtype=np.int64),
+        }
 
 
 def _as_worker_id(w: Any, m: int) -> int:

@@ -1,31 +1,38 @@
-"""Experiment tracking — the only module of repro that imports wandb.
+"""Experiment tracking — the only module of repro that imports wandb (and only where it must).
 
-One W&B run per grid cell: config (the resolved cell config + signature), live progress
-(`progress` points, throttled in wall-clock time), the final summary (summary.json's
-values) and the per-request table; group = experiment name, run id derived from the run
-signature (`<exp>-<sig>`), so a rerun of a cell reuses its id.
+One W&B run per grid cell, group = experiment, job_type = backend, a readable name, tags and a
+flattened config (repro.tracking.runs: ids unique per results root, stable per cell).
 
-Choices:
-- mode `offline` by default; `online` and `disabled` by config (conf/tracking/).
-- Every W&B path lives in the cell's folder, results/<exp>/<sig>/wandb/: the run directory
-  (`dir=`), and WANDB_CACHE_DIR / CONFIG_DIR / DATA_DIR / ARTIFACT_DIR point there while the
-  run is open. The wandb-core service writes its log under the cache dir when it starts, so
-  the service is torn down after each cell (≈0.5 s per cell) and the next cell starts its
-  own — the price of keeping every W&B file inside its cell.
-- W&B is never allowed to lose or block local results: a missing package or any exception
-  from wandb warns once (RuntimeWarning) and turns tracking off for the rest of the cell.
-  The harness writes summary.json before it logs the summary here.
+Simulated cells (every backend but sglang, unless tracking.stream says otherwise): the cell writes its time series, `timeseries.parquet`
+(repro.tracking.series: completed req/s, hit rate, windowed P50/P95 latency and TTFT, per-worker
+in flight / queue / KV use, over simulated time), with its results — before summary.json, so a
+finished cell always has it — and then its W&B run is built from the cell's files by the same
+code as `python -m repro.tracking.upload`: mode `offline` writes the `.wandb` file directly
+(repro.tracking.wandb_file, a few ms, no W&B service, no `import wandb`), mode `online` sends it
+with the SDK. The run is there when the cell ends; nothing runs after the sweep.
+
+Live cells (sglang, or tracking.stream=true): the SDK run opens when the cell starts and points
+are logged as the cell goes, x axis `wall_time_s` (seconds since the cell started): the backend's
+`progress(fraction)` calls (throttled to `progress_interval_s`) and whatever it passes to
+`progress.log({...})` — the call a live backend makes with its windowed metrics (see
+docs/ARCHITECTURE.md "Tracking"). The streamed points become the cell's timeseries.parquet.
+
+W&B never loses or blocks local results: a missing package or any exception from wandb warns
+once (RuntimeWarning) and turns tracking off for the rest of the cell. Mode `disabled`: nothing
+(no series, no run, wandb not imported).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from repro.tracking import runs
+
+LIVE_BACKENDS = ("sglang",)  # tracking.stream: auto -> these stream; the others' runs come from the files
 _ENV_DIRS = {
     "WANDB_CACHE_DIR": "cache",
     "WANDB_CONFIG_DIR": "config",
@@ -34,25 +41,42 @@ _ENV_DIRS = {
 }
 
 
+class Progress:
+    """What a backend gets as `progress`: progress(fraction) and progress.log(metrics)."""
+
+    def __init__(self, on_progress: Callable[[float], None], on_log: Callable[[Mapping[str, Any]], None]):
+        self._on_progress, self._on_log = on_progress, on_log
+
+    def __call__(self, fraction: float) -> None:
+        self._on_progress(fraction)
+
+    def log(self, metrics: Mapping[str, Any]) -> None:
+        """Stream a point now (live cells; ignored by simulated ones): {"window/hit_rate": 0.7, ...}."""
+        self._on_log(metrics)
+
+
 class CellTracker:
     """No-op tracker (mode `disabled`, or after a W&B failure)."""
 
     run_dir: Path | None = None
 
-    def progress(self, fraction: float) -> None:
+    def __init__(self) -> None:
+        self.progress = Progress(self._progress, self._log)
+
+    def _progress(self, fraction: float) -> None:
         pass
 
-    def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
+    def _log(self, metrics: Mapping[str, Any]) -> None:
         pass
+
+    def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
+        """Before summary.json: the cell's timeseries.parquet."""
+
+    def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
+        """After summary.json: the run's summary (and, for simulated cells, the whole run)."""
 
     def finish(self, failed: bool = False) -> None:
         pass
-
-
-def run_id(exp_name: str, signature: str) -> str:
-    """W&B run id derived from the signature (ids may not contain / \\ # ? % :)."""
-    exp = re.sub(r"[^A-Za-z0-9_.-]+", "_", exp_name)[:48]
-    return f"{exp}-{signature}"
 
 
 def _warn(what: str, exc: BaseException) -> None:
@@ -64,55 +88,94 @@ def _warn(what: str, exc: BaseException) -> None:
     )
 
 
-class WandbCellTracker(CellTracker):
-    def __init__(
-        self,
-        tracking: Mapping[str, Any],
-        *,
-        cell_dir: Path,
-        signature: str,
-        exp_name: str,
-        config: Mapping[str, Any],
-        name: str | None = None,
-    ):
+def _write_series_file(cell_dir: Path, series, swept: Mapping[str, Any]) -> dict:
+    from repro.tracking.series import SERIES_FILE, series_bytes, series_meta
+
+    meta = series_meta(series, swept=swept)
+    target = Path(cell_dir) / SERIES_FILE
+    tmp = target.with_name(f".tmp-{SERIES_FILE}")  # atomic, not fsynced (repro.tracking.series)
+    tmp.write_bytes(series_bytes(series, meta))
+    os.replace(tmp, target)
+    return meta
+
+
+class FileCellTracker(CellTracker):
+    """Simulated cells: series file with the results, then the run from the files."""
+
+    def __init__(self, tracking: Mapping[str, Any], *, cell_dir: Path, config: Mapping[str, Any],
+                 swept: Mapping[str, Any]):
+        super().__init__()
+        self._tracking = dict(tracking)
+        self._mode = str(tracking.get("mode", "offline"))
+        if self._mode not in ("offline", "online"):
+            raise ValueError(f"tracking.mode {self._mode!r}")
+        self._cell_dir = Path(cell_dir)
+        self._config = config
+        self._swept = dict(swept)
+        self._series = self._meta = None
+
+    def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
+        if records is None:  # theory cells: summary only
+            return
+        from repro.tracking.series import cell_series
+
+        self._series = cell_series(records, samples, max_points=int(self._tracking.get("max_points", 320)))
+        self._meta = _write_series_file(cell_dir, self._series, self._swept)
+
+    def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
+        from repro.tracking.upload import write_cell_run
+
+        out = write_cell_run(self._cell_dir, self._mode, config=self._config, summary=summary,
+                             series=self._series, meta=self._meta, swept=self._swept)
+        if isinstance(out, Path):
+            self.run_dir = out
+
+
+class LiveCellTracker(CellTracker):
+    """Live cells: an SDK run open for the whole cell, points streamed over wall time."""
+
+    TIME_KEY = "wall_time_s"
+
+    def __init__(self, tracking: Mapping[str, Any], *, cell_dir: Path, signature: str, exp_name: str,
+                 config: Mapping[str, Any], swept: Mapping[str, Any]):
         import wandb  # ImportError is handled by start_cell_tracking
 
+        super().__init__()
         self._wandb = wandb
         self._interval = float(tracking.get("progress_interval_s", 2.0))
         self._last = -float("inf")
-        self._log_table = bool(tracking.get("log_requests_table", True))
+        self._t0 = time.monotonic()
+        self._points: list[dict] = []
+        self._complete = False
+        self._swept = dict(swept)
         self._saved_env: dict[str, str | None] = {}
         self.run = None
         wandb_dir = Path(cell_dir) / "wandb"
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        for var, sub in _ENV_DIRS.items():
+        for var, sub in _ENV_DIRS.items():  # every W&B file inside the cell folder
             self._saved_env[var] = os.environ.get(var)
             os.environ[var] = str(wandb_dir / sub)
         mode = str(tracking.get("mode", "offline"))
-        settings = wandb.Settings(
-            console="off",
-            silent=True,
-            x_disable_stats=True,
-            x_save_requirements=False,
-            disable_git=True,
-            save_code=False,
-            init_timeout=float(tracking.get("init_timeout_s", 60.0)),
-        )
+        settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, x_save_requirements=False,
+                                  disable_git=True, save_code=False,
+                                  init_timeout=float(tracking.get("init_timeout_s", 60.0)))
         try:
             self.run = wandb.init(
                 project=tracking.get("project") or "repro",
                 entity=tracking.get("entity") or None,
                 group=exp_name,
                 job_type=str((config.get("backend") or {}).get("name", "cell")),
-                id=run_id(exp_name, signature),
-                name=name or signature,
-                tags=list(tracking.get("tags") or []),
+                id=runs.run_id(exp_name, signature, runs.root_id(Path(cell_dir).parent.parent)),
+                name=runs.display_name(config, swept),
+                tags=runs.tags(config, tracking.get("tags") or ()),
                 dir=str(cell_dir),
                 mode=mode,
                 resume="allow" if mode == "online" else None,
-                config={"signature": signature, **dict(config)},
+                config=runs.flat_config(config, signature),
                 settings=settings,
             )
+            self.run.define_metric(self.TIME_KEY)
+            self.run.define_metric("*", step_metric=self.TIME_KEY)
             self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
         except BaseException:
             self._restore_env()
@@ -126,28 +189,45 @@ class WandbCellTracker(CellTracker):
                 os.environ[var] = old
         self._saved_env = {}
 
-    def progress(self, fraction: float) -> None:
+    def _point(self, values: Mapping[str, Any]) -> None:
+        point = {self.TIME_KEY: time.monotonic() - self._t0, **values}
+        self._points.append(point)
+        self.run.log(point)
+
+    def _progress(self, fraction: float) -> None:
         now = time.monotonic()
-        if fraction < 1.0 and now - self._last < self._interval:
+        if self._complete or (fraction < 1.0 and now - self._last < self._interval):
             return
         self._last = now
-        self.run.log({"progress": float(fraction)})
+        self._complete = fraction >= 1.0
+        self._point({"progress": float(fraction)})
+
+    def _log(self, metrics: Mapping[str, Any]) -> None:
+        self._point(dict(metrics))
+
+    def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
+        import pandas as pd
+
+        self._progress(1.0)  # the cell's backend is done: its last point goes into the file too
+        if self._points:
+            series = pd.DataFrame(self._points)  # the points streamed, as streamed (union of keys)
+        elif records is not None:
+            from repro.tracking.series import cell_series
+
+            series = cell_series(records, samples, time_key=self.TIME_KEY)
+        else:
+            return
+        _write_series_file(cell_dir, series, self._swept)
 
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         self.run.summary.update(dict(summary))
-        if records is not None and self._log_table and len(records):
-            # Built from plain per-column lists: ~3x faster than Table(dataframe=...), same values.
-            columns = [str(c) for c in records.columns]
-            data = [list(row) for row in zip(*(records[c].tolist() for c in records.columns))]
-            self.run.log({"requests": self._wandb.Table(columns=columns, data=data)})
 
     def finish(self, failed: bool = False) -> None:
         try:
             if self.run is not None:
                 self.run.finish(exit_code=1 if failed else 0)
                 self.run = None
-            # the wandb-core service logs under WANDB_CACHE_DIR: one service per cell
-            self._wandb.teardown()
+            self._wandb.teardown()  # its service logs under WANDB_CACHE_DIR (the cell's folder)
         finally:
             self._restore_env()
 
@@ -156,6 +236,7 @@ class _Guarded(CellTracker):
     """Forward to a real tracker until it fails once; then warn and become a no-op."""
 
     def __init__(self, inner: CellTracker):
+        super().__init__()
         self._inner: CellTracker | None = inner
         self.run_dir = inner.run_dir
 
@@ -172,9 +253,17 @@ class _Guarded(CellTracker):
                     inner.finish(failed=True)
                 except Exception:
                     pass
+        if self._inner is not None:
+            self.run_dir = self._inner.run_dir
 
-    def progress(self, fraction: float) -> None:
-        self._call("progress", fraction)
+    def _progress(self, fraction: float) -> None:
+        self._call("_progress", fraction)
+
+    def _log(self, metrics: Mapping[str, Any]) -> None:
+        self._call("_log", metrics)
+
+    def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
+        self._call("write_series", cell_dir, records, samples)
 
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         self._call("log_result", summary, records)
@@ -193,18 +282,32 @@ def start_cell_tracking(
     config: Mapping[str, Any],
     name: str | None = None,
 ) -> CellTracker:
-    """A tracker for one cell; never raises (a failure warns and returns the no-op tracker)."""
+    """A tracker for one cell; never raises (a failure warns and returns the no-op tracker).
+
+    `name` is the cell's grid label ("policy=lbgr_rlt workload.request_rate=12.0"): its keys
+    are the swept ones the display name shows.
+    """
     tracking = dict(tracking or {})
     if str(tracking.get("mode", "offline")) == "disabled":
         return CellTracker()
+    swept = runs.swept_from_label(name or "")
+    backend = str((config.get("backend") or {}).get("name", ""))
+    stream = tracking.get("stream", "auto")
+    live = backend in LIVE_BACKENDS if stream in ("auto", None) else bool(stream)
     try:
-        inner = WandbCellTracker(
-            tracking, cell_dir=Path(cell_dir), signature=signature, exp_name=exp_name, config=config, name=name
-        )
+        if not live:
+            inner: CellTracker = FileCellTracker(tracking, cell_dir=Path(cell_dir), config=config, swept=swept)
+        else:
+            inner = LiveCellTracker(tracking, cell_dir=Path(cell_dir), signature=signature, exp_name=exp_name,
+                                    config=config, swept=swept)
     except Exception as exc:  # ImportError (no wandb), init errors, timeouts
         _warn("start", exc)
         return CellTracker()
     return _Guarded(inner)
 
 
-__all__ = ["CellTracker", "WandbCellTracker", "run_id", "start_cell_tracking"]
+def run_id(exp_name: str, signature: str, root: str) -> str:
+    return runs.run_id(exp_name, signature, root)
+
+
+__all__ = ["CellTracker", "FileCellTracker", "LiveCellTracker", "Progress", "run_id", "start_cell_tracking"]

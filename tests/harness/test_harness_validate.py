@@ -87,7 +87,7 @@ def test_bad_values(good_cfg, key, value, fragment):
 def test_schema_rejects_added_keys_and_wrong_types(good_cfg):
     bad = with_(good_cfg, "cluster.num_worker", 3)
     assert any("num_worker" in e for e in schema_errors(bad))
-    bad = with_(good_cfg, "tracking.log_requests_table", "maybe")
+    bad = with_(good_cfg, "tracking.max_points", "maybe")
     assert schema_errors(bad)
     bad = with_(good_cfg, "surprise", 1)
     assert any("surprise" in e for e in schema_errors(bad))
