@@ -81,6 +81,7 @@ class ApproximateTree:
         self.root = _Node(b"" if unit == 4 else "", None)
         self.tenant_size: dict[int, int] = {}  # units per tenant (sglang-router: tenant_char_count)
         self.epoch = 0  # next epoch to hand out
+        self.hash_order_choices = 0  # fallbacks among >1 tenants (where the real router's pick is unknowable)
         self._rank = {t: i for i, t in enumerate(tenant_order)} if tenant_order is not None else None
 
     def _next_epoch(self) -> int:
@@ -142,6 +143,8 @@ class ApproximateTree:
             return node.creator
         if not tenants:
             return None
+        if len(tenants) > 1 and node is not self.root:
+            self.hash_order_choices += 1
         rank = self._rank
         fallback = min(tenants, key=rank.__getitem__) if rank is not None else min(tenants)
         node.creator = fallback

@@ -154,6 +154,13 @@ class CacheAwareRouter(Router):
 
     def route_key(self, key: str, now_s: float) -> int:
         """The decision for a routing key (the real router's request text); updates state."""
+        worker = self.decide(key, now_s)
+        self.commit(key, worker)
+        return worker
+
+    def decide(self, key: str, now_s: float) -> int:
+        """Choose a worker for `key`: trims when due and matches (which stamps, as the real
+        router does) but neither inserts nor counts load; `commit` does that."""
         tree = self.tree
         self._maybe_evict(now_s)
         loads = self.loads
@@ -162,27 +169,28 @@ class CacheAwareRouter(Router):
             _f32(max_load) > _f32(min_load) * self._rel32
         )
         if imbalanced:
-            worker = self._least_loaded()
             self.last_branch = "imbalanced"
+            return self._least_loaded()
+        matched, tenant = tree.prefix_match(key)
+        total = len(key)
+        rate = _f32(matched) / _f32(total) if total else _f32(0.0)
+        if rate > self._threshold32 and tenant is not None:
+            self.last_branch = "hit"
+            return tenant
+        if self.low_match == "least_loaded":
+            worker = self._least_loaded()
+            tied = loads.count(loads[worker]) > 1
         else:
-            matched, tenant = tree.prefix_match(key)
-            total = len(key)
-            rate = _f32(matched) / _f32(total) if total else _f32(0.0)
-            if rate > self._threshold32 and tenant is not None:
-                worker = tenant
-                self.last_branch = "hit"
-            else:
-                if self.low_match == "least_loaded":
-                    worker = self._least_loaded()
-                    tied = loads.count(loads[worker]) > 1
-                else:
-                    sizes = tree.tenant_size
-                    worker = min(self.order, key=sizes.__getitem__)
-                    tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
-                self.last_branch = "low_match_tied" if tied else "low_match_untied"
-        tree.insert(key, worker)
-        loads[worker] += 1
+            sizes = tree.tenant_size
+            worker = min(self.order, key=sizes.__getitem__)
+            tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
+        self.last_branch = "low_match_tied" if tied else "low_match_untied"
         return worker
+
+    def commit(self, key: str, worker: int) -> None:
+        """The routed request: insert its key for `worker` (on every branch) and count it."""
+        self.tree.insert(key, worker)
+        self.loads[worker] += 1
 
     def _least_loaded(self) -> int:
         return min(self.order, key=self.loads.__getitem__)  # first minimum in registry order

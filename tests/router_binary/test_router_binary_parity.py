@@ -1,0 +1,360 @@
+"""Our routers against the real sglang-router 0.3.2 binary (make router-env), decision by decision.
+
+Cache-aware scenarios must agree 100 % both step by step (our router given the real loads
+before each decision, then the real decision) and in closed loop (our router alone), and
+each asserts the branches it is meant to exercise. Round-robin agrees decision by decision;
+random and power-of-two can only be compared statistically (the real ones draw from a thread
+RNG; see docs/ALGORITHMS.md §3). Run: `make test-router-binary` (pytest -m router_binary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aiohttp
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from repro.routing import CacheAwareRouter, PowerOfTwoRouter, RandomRouter, RoundRobinRouter
+from repro.routing.cache_aware import ids_key
+from repro.workloads import build_workload
+from tests.router_binary.binary_harness import REPO, Driver, HoldingWorkers, RealRouter, router_python
+from tests.routing.cache_aware_reference import RefTree
+from tests.routing.fakes import make_request, make_views
+
+pytestmark = [pytest.mark.router_binary, pytest.mark.timeout(600)]
+
+PY = router_python()
+if PY is None:
+    pytest.skip("sglang-router 0.3.2 venv missing: run `make router-env`", allow_module_level=True)
+
+# The real router refuses an interval of 0; an hour never comes within a test (ours: 0 = never).
+NO_TRIM = ["--eviction-interval-secs", "3600"]
+REPORT: list[str] = []  # agreement lines, printed at the end of the module (pytest -s / -rA)
+
+
+def gsp(seed: int, order: str = "random", n_groups: int = 8, per_group: int = 16, sys_len=(100, 300), q_len=30):
+    cfg = OmegaConf.load(REPO / "conf" / "workload" / "gsp.yaml")
+    cfg.num_queries = n_groups * per_group
+    cfg.num_groups, cfg.prompts_per_group, cfg.order = n_groups, per_group, order
+    cfg.system_prompt_len_range, cfg.question_len = list(sys_len), q_len
+    return build_workload(cfg, seed, use_cache=False).requests
+
+
+async def with_router(tmp_path, m: int, policy: str, args: list[str], body):
+    workers = HoldingWorkers(m)
+    await workers.start()
+    router = RealRouter(PY, workers.urls, policy, args, tmp_path / f"router-{policy}.log")
+    try:
+        router.start()
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            await router.wait_ready(session, m)
+            return await body(Driver(workers, router, session))
+    finally:
+        for ev in workers.holds.values():
+            ev.set()
+        router.stop()
+        await workers.stop()
+
+
+class CacheAwarePair:
+    """`step` and `closed` copies of our router, set up in the real router's order and epoch."""
+
+    def __init__(self, driver: Driver, order: list[int], cfg: dict, shadow: dict | None = None):
+        self.driver = driver
+        m = driver.workers.n
+
+        def make(**extra):
+            r = CacheAwareRouter(match_on="text", worker_order=order, **{**cfg, **extra})
+            r.reset(make_views(m), seed=0)
+            r.tree.epoch = driver.router.init_epochs()  # start-up's empty-key inserts
+            return r
+
+        self.step, self.closed = make(), make()
+        self.shadow = make(**shadow) if shadow is not None else None
+        self.shadow_differs = 0
+
+    async def send(self, body: dict, key: str, now_s: float = 0.0) -> None:
+        if self.shadow is not None:
+            self.shadow.loads = await self.driver.real_loads()
+            shadow_pick = self.shadow.decide(key, now_s)
+        await self.driver.cache_aware_step(body, key, self.step, self.closed, now_s)
+        if self.shadow is not None:
+            real = list(self.driver.in_flight.values())[-1]
+            self.shadow_differs += shadow_pick != real
+            self.shadow.commit(key, real)
+
+    async def release_some(self, rng: random.Random, p: float) -> None:
+        await self.driver.release([r for r in list(self.driver.in_flight) if rng.random() < p], self.closed)
+
+    async def drain(self) -> None:
+        await self.driver.drain(self.closed)
+
+
+def check(name: str, driver: Driver, pair: CacheAwarePair, branches: set[str]) -> None:
+    t = driver.tally
+    REPORT.append(t.line(name))
+    print(t.line(name))
+    assert t.decisions >= 100
+    assert t.step_agree == t.decisions and t.closed_agree == t.decisions, (
+        f"{t.line(name)}; first disagreements (k, branch, real, step, closed, key): {t.disagreements[:5]}")
+    missing = branches - set(t.branches)
+    assert not missing, f"{name}: branches never taken: {missing} ({t.branches})"
+    assert pair.step.tree.hash_order_choices == 0, "a decision depended on the real router's per-node hash order"
+
+
+async def gsp_traffic(pair: CacheAwarePair, requests, rng: random.Random, p_release=0.3, to_body=None) -> None:
+    for q in requests:
+        body, key = to_body(q) if to_body else ({"text": q.text}, q.text)
+        await pair.send(body, key)
+        await pair.release_some(rng, p_release)
+    await pair.drain()
+
+
+ALL_LOW = {"hit", "low_match_tied", "low_match_untied"}
+
+
+@pytest.mark.parametrize("order", ["random", "round_robin"])
+def test_gsp_sequential(tmp_path, order):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+        await gsp_traffic(pair, gsp(11, order), random.Random(1))
+        check(f"gsp_{order}", d, pair, ALL_LOW)
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", NO_TRIM, body))
+
+
+def test_bursts_lowered_thresholds(tmp_path):
+    cfg = {"balance_abs_threshold": 4, "balance_rel_threshold": 1.5, "eviction_interval_secs": 0}
+    args = ["--balance-abs-threshold", "4", "--balance-rel-threshold", "1.5", *NO_TRIM]
+
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), cfg)
+        reqs = gsp(12, "random", n_groups=6, per_group=24)
+        by_group: dict[int, list] = {}
+        for q in reqs:
+            by_group.setdefault(q.group_id, []).append(q)
+        rng = random.Random(2)
+        groups = sorted(by_group)
+        for burst in range(14):
+            g = by_group[groups[burst % len(groups)]]
+            for _ in range(10):
+                q = g[rng.randrange(len(g))]
+                await pair.send({"text": q.text}, q.text)
+            await pair.release_some(rng, 0.5)
+        await pair.drain()
+        check("bursts_lowered_thresholds", d, pair, ALL_LOW | {"imbalanced"})
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", args, body))
+
+
+def test_defaults_with_180_in_flight(tmp_path):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+        reqs = gsp(13, "random", n_groups=2, per_group=95)
+        for q in reqs:  # nothing released: the hits pile up until the imbalance test fires
+            await pair.send({"text": q.text}, q.text)
+        assert sum(await d.real_loads()) == 190
+        await pair.drain()
+        check("defaults_190_in_flight", d, pair, {"hit", "imbalanced", "low_match_tied"})
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", NO_TRIM, body))
+
+
+def test_brand_new_prefixes_tied_and_untied(tmp_path):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+        rng = random.Random(3)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        for i in range(120):
+            text = "".join(rng.choice(letters) for _ in range(60))
+            await pair.send({"text": text}, text)
+            if i % 3 == 2:
+                await pair.drain()  # all idle again: a tie
+            else:
+                await pair.release_some(rng, 0.3)
+        await pair.drain()
+        check("brand_new_prefixes", d, pair, {"low_match_tied", "low_match_untied"})
+
+    asyncio.run(with_router(tmp_path, 2, "cache_aware", NO_TRIM, body))
+
+
+def test_threshold_edge_0300_0301(tmp_path):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+        rng = random.Random(4)
+        letters = "abcdefghij"
+        edge_branches = []
+        for i in range(50):
+            base = f"{i:04d}" + "".join(rng.choice(letters) for _ in range(996))
+            await pair.send({"text": base}, base)
+            for n in (300, 301):  # n of 1000 characters match: 0.300 is a miss, 0.301 a hit
+                tail = "".join(rng.choice("KLMNOPQRST") for _ in range(1000 - n))
+                text = base[:n] + tail
+                await pair.send({"text": text}, text)
+                edge_branches.append((n, pair.step.last_branch))
+            await pair.drain()
+        assert all((b == "hit") == (n == 301) for n, b in edge_branches), edge_branches
+        check("threshold_edge", d, pair, ALL_LOW)
+
+    asyncio.run(with_router(tmp_path, 2, "cache_aware", NO_TRIM, body))
+
+
+MULTIBYTE = str.maketrans({"a": "é", "e": "中", "o": "🙂", "i": "ß", "u": "ü"})
+
+
+def test_multibyte_text(tmp_path):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+
+        def to_body(q):
+            t = q.text.translate(MULTIBYTE)
+            return {"text": t}, t
+
+        await gsp_traffic(pair, gsp(14, "random"), random.Random(5), to_body=to_body)
+        check("multibyte_text", d, pair, ALL_LOW)
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", NO_TRIM, body))
+
+
+def test_input_ids_only(tmp_path):
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), {"eviction_interval_secs": 0})
+
+        def to_body(q):
+            ids = [int(t) for t in q.prompt_tokens]
+            return {"input_ids": ids}, ids_key(ids)
+
+        await gsp_traffic(pair, gsp(15, "random"), random.Random(6), to_body=to_body)
+        check("input_ids_only", d, pair, ALL_LOW)
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", NO_TRIM, body))
+
+
+def test_trimming_changes_later_decisions(tmp_path):
+    interval, max_size = 2, 2500
+    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size}
+    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size)]
+
+    async def body(d: Driver):
+        order = await d.registry_order()
+        pair = CacheAwarePair(d, order, cfg, shadow={"eviction_interval_secs": 0})
+        ref = RefTree(order)  # eviction ambiguity detector (equal stamps: heap order decides)
+        for w in order:
+            ref.insert("", w)
+        ref.epoch = d.router.init_epochs()
+        ambiguous = 0
+        reqs = gsp(16, "random", n_groups=10, per_group=14, sys_len=(40, 120), q_len=20)
+        rng = random.Random(7)
+        phase_size = 14
+        for phase in range(len(reqs) // phase_size):
+            # Wait for the real background trim that follows the previous phase, then route the
+            # phase before the next one (`interval` s later); our routers trim at now = phase * interval.
+            if phase:
+                ambiguous += ref.evict(max_size)
+            seen = d.router.evictions()
+            for _ in range(int(3 * interval / 0.02)):
+                if d.router.evictions() > seen:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the real router's trim never ran")
+            count = d.router.evictions()
+            for q in reqs[phase * phase_size:(phase + 1) * phase_size]:
+                await pair.send({"text": q.text}, q.text, now_s=phase * interval)
+                if pair.step.last_branch != "imbalanced":
+                    ref.match(q.text)
+                ref.insert(q.text, list(d.in_flight.values())[-1])
+                await pair.release_some(rng, 0.4)
+            await pair.drain()
+            assert d.router.evictions() == count, "a real trim ran in the middle of a phase: make phases shorter"
+        assert not ambiguous, "a trim met equal stamps (the real heap's order is unknowable): change the traffic"
+        assert pair.step.evictions_run >= 5
+        assert pair.shadow_differs > 0, "trimming never changed a decision: lower max_tree_size"
+        d.tally.branches["after_trim_changed"] = pair.shadow_differs
+        check("trim_max_tree_size", d, pair, ALL_LOW | {"after_trim_changed"})
+
+    asyncio.run(with_router(tmp_path, 3, "cache_aware", args, body))
+
+
+def test_round_robin_decision_by_decision(tmp_path):
+    async def body(d: Driver):
+        order = await d.registry_order()
+        ours = RoundRobinRouter()
+        views = make_views(d.workers.n)
+        ours.reset(views, seed=0)
+        agree = 0
+        for i in range(120):
+            mine = order[ours.select_worker(make_request(i, [1]), views, 0.0)]
+            real = await d.send({"text": f"hello {i}"})
+            agree += mine == real
+            await d.drain()
+        REPORT.append(f"round_robin: {agree}/120 decisions agree")
+        assert agree == 120
+
+    asyncio.run(with_router(tmp_path, 3, "round_robin", [], body))
+
+
+def chi2_uniform(counts) -> float:
+    counts = np.asarray(counts, dtype=float)
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+CHI2_DF3_P001 = 16.27  # chi-square critical value, 3 degrees of freedom, p = 0.001
+
+
+def test_random_choice_distribution(tmp_path):
+    n, m = 400, 4
+
+    async def body(d: Driver):
+        real = [0] * m
+        for i in range(n):
+            real[await d.send({"text": f"r{i}"})] += 1
+            await d.drain()
+        ours = RandomRouter()
+        views = make_views(m)
+        ours.reset(views, seed=0)
+        mine = [0] * m
+        for i in range(n):
+            mine[ours.select_worker(make_request(i, [1]), views, 0.0)] += 1
+        REPORT.append(f"random: real counts {real} (chi2 {chi2_uniform(real):.1f}), ours {mine} "
+                      f"(chi2 {chi2_uniform(mine):.1f}); both uniform at p=0.001 if < {CHI2_DF3_P001}")
+        assert chi2_uniform(real) < CHI2_DF3_P001 and chi2_uniform(mine) < CHI2_DF3_P001
+
+    asyncio.run(with_router(tmp_path, m, "random", [], body))
+
+
+def test_power_of_two_what_it_compares(tmp_path):
+    """The real power_of_two compares loads polled from the workers when both candidates
+    report one, else its request counters, which it never increments (only cache_aware and
+    manual hold a load guard): in front of workers without a load endpoint every pick is the
+    first drawn candidate, i.e. uniform, however many requests are held. Ours compares its own
+    in-flight counts and keeps the held requests balanced."""
+    n, m = 300, 4
+
+    async def body(d: Driver):
+        real = [0] * m
+        for i in range(n):
+            real[await d.send({"text": f"p{i}"})] += 1
+        assert await d.real_loads() == [0] * m  # 300 held, and the router counts none of them
+        await d.drain()
+        ours = PowerOfTwoRouter()
+        views = make_views(m)
+        ours.reset(views, seed=0)
+        for i in range(n):
+            ours.select_worker(make_request(i, [1]), views, 0.0)  # nothing completes: all held
+        mine = ours.in_flight
+        REPORT.append(f"power_of_two (300 held): real {real} (chi2 {chi2_uniform(real):.1f}, spread "
+                      f"{max(real) - min(real)}), ours {mine} (spread {max(mine) - min(mine)})")
+        assert chi2_uniform(real) < CHI2_DF3_P001
+        assert max(mine) - min(mine) <= 3 < max(real) - min(real)
+
+    asyncio.run(with_router(tmp_path, m, "power_of_two", [], body))
+
+
+def teardown_module(module):
+    print("\n".join(["", "router-binary agreement:", *REPORT]))
