@@ -18,6 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from repro.routing import CacheAwareRouter, PowerOfTwoRouter, RandomRouter, RoundRobinRouter
+from repro.routing.approx_tree import ApproximateTree
 from repro.routing.cache_aware import ids_key
 from repro.workloads import build_workload
 from tests.router_binary.binary_harness import REPO, Driver, HoldingWorkers, RealRouter, router_python
@@ -60,32 +61,71 @@ async def with_router(tmp_path, m: int, policy: str, args: list[str], body):
         await workers.stop()
 
 
-class CacheAwarePair:
-    """`step` and `closed` copies of our router, set up in the real router's order and epoch."""
+class NoRestampTree(ApproximateTree):
+    """Variant: a match never re-stamps."""
 
-    def __init__(self, driver: Driver, order: list[int], cfg: dict, shadow: dict | None = None):
+    def prefix_match(self, key):
+        matched, node = self.walk(key)
+        tenant = self._node_tenant(node)
+        self._next_epoch()
+        return matched, tenant
+
+
+class RestampAlwaysTree(ApproximateTree):
+    """Variant: every match re-stamps."""
+
+    def prefix_match(self, key):
+        matched, node = self.walk(key)
+        tenant = self._node_tenant(node)
+        e = self._next_epoch()
+        if tenant is not None:
+            node.tenants[tenant] = e
+        return matched, tenant
+
+
+# Rules the real router must be seen to reject where a scenario claims to exercise the tree's stamps.
+# (Stamping an insert's whole path instead of its last node gives the same trim order: a parent
+# becomes a leaf only when its last child is popped, whose stamp is >= the parent's either way.)
+TREE_VARIANTS = {
+    "no_restamp": (NoRestampTree, True),
+    "restamp_every_match": (RestampAlwaysTree, True),
+    "epoch_ignores_startup": (ApproximateTree, False),
+}
+
+
+class CacheAwarePair:
+    """`step` and `closed` copies of our router, set up in the real router's order and epoch,
+    plus step-style `variants` (real loads in, real decision committed) that count how often a
+    different rule would have decided otherwise."""
+
+    def __init__(self, driver: Driver, order: list[int], cfg: dict, variants: dict | None = None):
         self.driver = driver
         m = driver.workers.n
 
-        def make(**extra):
+        def make(tree_cls=ApproximateTree, startup_epochs=True, **extra):
             r = CacheAwareRouter(match_on="text", worker_order=order, **{**cfg, **extra})
             r.reset(make_views(m), seed=0)
-            r.tree.epoch = driver.router.init_epochs()  # start-up's empty-key inserts
+            r.tree.__class__ = tree_cls
+            if startup_epochs:
+                r.tree.epoch = driver.router.init_epochs()  # start-up's empty-key inserts
             return r
 
         self.step, self.closed = make(), make()
-        self.shadow = make(**shadow) if shadow is not None else None
-        self.shadow_differs = 0
+        self.variants = {name: make(**kw) for name, kw in (variants or {}).items()}
+        self.differs = {name: 0 for name in self.variants}
 
     async def send(self, body: dict, key: str, now_s: float = 0.0) -> None:
-        if self.shadow is not None:
-            self.shadow.loads = await self.driver.real_loads()
-            shadow_pick = self.shadow.decide(key, now_s)
+        picks = {}
+        if self.variants:
+            loads = await self.driver.real_loads()
+            for name, r in self.variants.items():
+                r.loads = list(loads)
+                picks[name] = r.decide(key, now_s)
         await self.driver.cache_aware_step(body, key, self.step, self.closed, now_s)
-        if self.shadow is not None:
-            real = list(self.driver.in_flight.values())[-1]
-            self.shadow_differs += shadow_pick != real
-            self.shadow.commit(key, real)
+        real = list(self.driver.in_flight.values())[-1]
+        for name, r in self.variants.items():
+            self.differs[name] += picks[name] != real
+            r.commit(key, real)
 
     async def release_some(self, rng: random.Random, p: float) -> None:
         await self.driver.release([r for r in list(self.driver.in_flight) if rng.random() < p], self.closed)
@@ -235,22 +275,29 @@ def test_input_ids_only(tmp_path):
 
 
 def test_trimming_changes_later_decisions(tmp_path):
-    interval, max_size = 2, 2500
-    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size}
-    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size)]
+    """Trims every 2 s at a lowered max_tree_size; families of prefixes reused with a skew, a
+    lowered imbalance threshold so families spread over both workers (shared nodes, joined at
+    stamp 0). Variant: no trimming, which must disagree with the real router somewhere."""
+    interval, max_size = 2, 900
+    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size, "balance_abs_threshold": 2}
+    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size),
+            "--balance-abs-threshold", "2"]
+    variants = {"no_trim": {"eviction_interval_secs": 0}}
 
     async def body(d: Driver):
         order = await d.registry_order()
-        pair = CacheAwarePair(d, order, cfg, shadow={"eviction_interval_secs": 0})
+        pair = CacheAwarePair(d, order, cfg, variants)
         ref = RefTree(order)  # eviction ambiguity detector (equal stamps: heap order decides)
         for w in order:
             ref.insert("", w)
         ref.epoch = d.router.init_epochs()
         ambiguous = 0
-        reqs = gsp(16, "random", n_groups=10, per_group=14, sys_len=(40, 120), q_len=20)
         rng = random.Random(7)
-        phase_size = 14
-        for phase in range(len(reqs) // phase_size):
+        letters = "abcdefghijklmnop"
+        families = [f"{f:02d}" + "".join(rng.choice(letters) for _ in range(rng.randint(80, 160))) for f in range(14)]
+        weights = [1.0 / (1 + f) for f in range(len(families))]
+        phase_size, phases = 12, 12
+        for phase in range(phases):
             # Wait for the real background trim that follows the previous phase, then route the
             # phase before the next one (`interval` s later); our routers trim at now = phase * interval.
             if phase:
@@ -263,21 +310,83 @@ def test_trimming_changes_later_decisions(tmp_path):
             else:
                 raise AssertionError("the real router's trim never ran")
             count = d.router.evictions()
-            for q in reqs[phase * phase_size:(phase + 1) * phase_size]:
-                await pair.send({"text": q.text}, q.text, now_s=phase * interval)
+            for _ in range(phase_size):
+                fam = rng.choices(families, weights)[0]
+                text = fam + "".join(rng.choice(letters) for _ in range(rng.randint(5, 40)))
+                await pair.send({"text": text}, text, now_s=phase * interval)
                 if pair.step.last_branch != "imbalanced":
-                    ref.match(q.text)
-                ref.insert(q.text, list(d.in_flight.values())[-1])
-                await pair.release_some(rng, 0.4)
+                    ref.match(text)
+                ref.insert(text, list(d.in_flight.values())[-1])
+                await pair.release_some(rng, 0.5)
             await pair.drain()
             assert d.router.evictions() == count, "a real trim ran in the middle of a phase: make phases shorter"
         assert not ambiguous, "a trim met equal stamps (the real heap's order is unknowable): change the traffic"
-        assert pair.step.evictions_run >= 5
-        assert pair.shadow_differs > 0, "trimming never changed a decision: lower max_tree_size"
-        d.tally.branches["after_trim_changed"] = pair.shadow_differs
-        check("trim_max_tree_size", d, pair, ALL_LOW | {"after_trim_changed"})
+        assert pair.step.evictions_run >= phases - 2
+        REPORT.append(f"trim variants, decisions that would differ from the real router: {pair.differs}")
+        print(REPORT[-1])
+        d.tally.branches["after_trim_changed"] = pair.differs["no_trim"]
+        check("trim_max_tree_size", d, pair, ALL_LOW | {"imbalanced", "after_trim_changed"})
 
-    asyncio.run(with_router(tmp_path, 3, "cache_aware", args, body))
+    asyncio.run(with_router(tmp_path, 2, "cache_aware", args, body))
+
+
+async def wait_trim(d: Driver, interval: float) -> int:
+    """Block until the real router's background trim has run once more; returns the new count."""
+    seen = d.router.evictions()
+    for _ in range(int(3 * interval / 0.02)):
+        if d.router.evictions() > seen:
+            return d.router.evictions()
+        await asyncio.sleep(0.02)
+    raise AssertionError("the real router's trim never ran")
+
+
+def test_trim_order_follows_the_real_stamps(tmp_path):
+    """Which parts of a worker's tree survive a trim, read back through hit-or-miss probes.
+
+    Per round, on worker A (= first in registry order: all idle, a tie): 12 new keys K_j of 100
+    characters, then 12 queries K_j[:60] + 40 new characters (a miss at cache_threshold 0.7, still
+    a match that stops inside K_j: re-stamped one time in eight, then split). The trim to 1360
+    characters removes the oldest 8 of the 12 tails K_j[60:]. Probes K_j with A kept busy: tail
+    kept -> 100 % -> A; tail gone -> 60 % -> the idle worker. The stamp rules the real tree does
+    not follow must each disagree with the real router somewhere."""
+    interval, max_size, n_keys = 2, 1360, 12
+    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size, "cache_threshold": 0.7}
+    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size), "--cache-threshold", "0.7"]
+    variants = {name: {"tree_cls": cls, "startup_epochs": startup} for name, (cls, startup) in TREE_VARIANTS.items()}
+
+    async def body(d: Driver):
+        pair = CacheAwarePair(d, await d.registry_order(), cfg, variants)
+        rng = random.Random(8)
+        letters = "abcdefghij"
+        segment = 0
+        for rnd in range(4):
+            keys = [chr(0x4E00 + 64 * rnd + j) + "".join(rng.choice(letters) for _ in range(99)) for j in range(n_keys)]
+            count = await wait_trim(d, interval)
+            for k in keys:
+                await pair.send({"text": k}, k, now_s=segment * interval)
+                await pair.drain()
+            for j in rng.sample(range(n_keys), n_keys):
+                q = keys[j][:60] + "".join(rng.choice("KLMNOPQRST") for _ in range(40))
+                await pair.send({"text": q}, q, now_s=segment * interval)
+                await pair.drain()
+            assert d.router.evictions() == count, "a real trim ran in the middle of a segment"
+            segment += 1
+            count = await wait_trim(d, interval)
+            busy = chr(0x9000 + rnd) + "".join(rng.choice(letters) for _ in range(99))
+            await pair.send({"text": busy}, busy, now_s=segment * interval)  # held: A is the busier one
+            busy_rid = list(d.in_flight)[-1]
+            for k in keys:
+                await pair.send({"text": k}, k, now_s=segment * interval)
+                await d.release([list(d.in_flight)[-1]], pair.closed)
+            await d.release([busy_rid], pair.closed)
+            assert d.router.evictions() == count, "a real trim ran in the middle of a segment"
+            segment += 1
+        REPORT.append(f"trim stamp variants, decisions that would differ from the real router: {pair.differs}")
+        print(REPORT[-1])
+        check("trim_stamp_order", d, pair, {"hit", "low_match_tied", "low_match_untied"})
+        assert all(n > 0 for n in pair.differs.values()), f"a stamp rule made no difference here: {pair.differs}"
+
+    asyncio.run(with_router(tmp_path, 2, "cache_aware", args, body))
 
 
 def test_round_robin_decision_by_decision(tmp_path):
