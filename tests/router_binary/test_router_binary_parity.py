@@ -365,7 +365,8 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
             for k in keys:
                 await pair.send({"text": k}, k, now_s=segment * interval)
                 await pair.drain()
-            for j in rng.sample(range(n_keys), n_keys):
+            # Oldest first: 2 epochs per query, so 2 of the 8 oldest are re-stamped whatever the phase.
+            for j in range(n_keys):
                 q = keys[j][:60] + "".join(rng.choice("KLMNOPQRST") for _ in range(40))
                 await pair.send({"text": q}, q, now_s=segment * interval)
                 await pair.drain()
@@ -384,7 +385,10 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
         REPORT.append(f"trim stamp variants, decisions that would differ from the real router: {pair.differs}")
         print(REPORT[-1])
         check("trim_stamp_order", d, pair, {"hit", "low_match_tied", "low_match_untied"})
-        assert all(n > 0 for n in pair.differs.values()), f"a stamp rule made no difference here: {pair.differs}"
+        must_differ = dict(pair.differs)
+        if (d.router.init_epochs() - d.workers.n) % 8 == 0:  # then the start-up epochs shift no re-stamp
+            must_differ.pop("epoch_ignores_startup")
+        assert all(n > 0 for n in must_differ.values()), f"a stamp rule made no difference here: {pair.differs}"
 
     asyncio.run(with_router(tmp_path, 2, "cache_aware", args, body))
 
