@@ -1,7 +1,7 @@
 """SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5).
 
 Rule (docs/ALGORITHMS.md §3; checked against the real 0.3.2 binary by
-tests/routing/test_router_binary_parity.py, read from its `cache_aware.rs`/`tree.rs`):
+tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
 
 1. load_i = the router's own count of in-flight requests on worker i (+1 when dispatched,
    -1 on the completion callback, never below 0).

@@ -132,6 +132,7 @@ class RealRouter:
         ]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self._offset = self._evictions = self._init_epochs = 0
 
     def start(self) -> None:
         self._log = open(self.log_path, "w")
@@ -140,12 +141,29 @@ class RealRouter:
     def log(self) -> str:
         return _ANSI.sub("", self.log_path.read_text(errors="replace"))
 
+    def _scan(self) -> None:
+        """Read the log's new complete lines (the debug log grows by ~1 MB a scenario)."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        for line in _ANSI.sub("", chunk[:end].decode(errors="replace")).splitlines():
+            if "Cache eviction completed for model" in line:
+                self._evictions += 1
+            m = re.search(r"Initializing cache-aware policy with (\d+) workers", line)
+            if m:
+                self._init_epochs += int(m.group(1))
+
     def init_epochs(self) -> int:
         """Empty-key inserts start-up made: one per worker per `init_workers` call."""
-        return sum(int(n) for n in re.findall(r"Initializing cache-aware policy with (\d+) workers", self.log()))
+        self._scan()
+        return self._init_epochs
 
     def evictions(self) -> int:
-        return len(re.findall(r"Cache eviction completed for model", self.log()))
+        """Background trims run so far."""
+        self._scan()
+        return self._evictions
 
     async def wait_ready(self, session: aiohttp.ClientSession, n_workers: int, timeout_s: float = 60.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import aiohttp
 import numpy as np
@@ -304,6 +305,7 @@ def test_trimming_changes_later_decisions(tmp_path):
         families = [f"{f:02d}" + "".join(rng.choice(letters) for _ in range(rng.randint(80, 160))) for f in range(14)]
         weights = [1.0 / (1 + f) for f in range(len(families))]
         phase_size, phases = 12, 12
+        longest = 0.0
         for phase in range(phases):
             # Wait for the real background trim that follows the previous phase, then route the
             # phase before the next one (`interval` s later); our routers trim at now = phase * interval.
@@ -317,6 +319,7 @@ def test_trimming_changes_later_decisions(tmp_path):
             else:
                 raise AssertionError("the real router's trim never ran")
             count = d.router.evictions()
+            t0 = time.monotonic()
             for _ in range(phase_size):
                 fam = rng.choices(families, weights)[0]
                 text = fam + "".join(rng.choice(letters) for _ in range(rng.randint(5, 40)))
@@ -326,10 +329,12 @@ def test_trimming_changes_later_decisions(tmp_path):
                 ref.insert(text, list(d.in_flight.values())[-1])
                 await pair.release_some(rng, 0.5)
             await pair.drain()
+            longest = max(longest, time.monotonic() - t0)
             assert d.router.evictions() == count, "a real trim ran in the middle of a phase: make phases shorter"
         assert not ambiguous, "a trim met equal stamps (the real heap's order is unknowable): change the traffic"
         assert pair.step.evictions_run >= phases - 2
-        REPORT.append(f"trim variants, decisions that would differ from the real router: {pair.differs}")
+        REPORT.append(f"trim variants, decisions that would differ from the real router: {pair.differs}; "
+                      f"longest phase {longest:.2f} s of the {interval} s between trims")
         print(REPORT[-1])
         d.tally.branches["after_trim_changed"] = pair.differs["no_trim"]
         check("trim_max_tree_size", d, pair, ALL_LOW | {"imbalanced", "after_trim_changed"})
@@ -365,10 +370,11 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
         pair = CacheAwarePair(d, await d.registry_order(), cfg, variants)
         rng = random.Random(8)
         letters = "abcdefghij"
-        segment = 0
+        segment, longest = 0, 0.0
         for rnd in range(4):
             keys = [chr(0x4E00 + 64 * rnd + j) + "".join(rng.choice(letters) for _ in range(99)) for j in range(n_keys)]
             count = await wait_trim(d, interval)
+            t0 = time.monotonic()
             for k in keys:
                 await pair.send({"text": k}, k, now_s=segment * interval)
                 await pair.drain()
@@ -377,9 +383,11 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
                 q = keys[j][:60] + "".join(rng.choice("KLMNOPQRST") for _ in range(40))
                 await pair.send({"text": q}, q, now_s=segment * interval)
                 await pair.drain()
+            longest = max(longest, time.monotonic() - t0)
             assert d.router.evictions() == count, "a real trim ran in the middle of a segment"
             segment += 1
             count = await wait_trim(d, interval)
+            t0 = time.monotonic()
             busy = chr(0x9000 + rnd) + "".join(rng.choice(letters) for _ in range(99))
             await pair.send({"text": busy}, busy, now_s=segment * interval)  # held: A is the busier one
             busy_rid = list(d.in_flight)[-1]
@@ -387,9 +395,11 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
                 await pair.send({"text": k}, k, now_s=segment * interval)
                 await d.release([list(d.in_flight)[-1]], pair.closed)
             await d.release([busy_rid], pair.closed)
+            longest = max(longest, time.monotonic() - t0)
             assert d.router.evictions() == count, "a real trim ran in the middle of a segment"
             segment += 1
-        REPORT.append(f"trim stamp variants, decisions that would differ from the real router: {pair.differs}")
+        REPORT.append(f"trim stamp variants, decisions that would differ from the real router: {pair.differs}; "
+                      f"longest segment {longest:.2f} s of the {interval} s between trims")
         print(REPORT[-1])
         check("trim_stamp_order", d, pair, {"hit", "low_match_tied", "low_match_untied"})
         must_differ = dict(pair.differs)
