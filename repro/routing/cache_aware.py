@@ -34,6 +34,10 @@ counted in characters (exactly what the real router matches, and what max_tree_s
 for a request with only `input_ids`); "auto" (default) = text when the first routed request
 has text, else tokens, then fixed for the run (a text-mode run fed a request without text raises).
 
+`route_key` = `decide` (trim if due, match, choose; `last_branch` then names the branch: hit |
+low_match_tied | low_match_untied | imbalanced) + `commit` (insert, count the load); the binary
+parity test commits the real router's decision to stay in its state.
+
 The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
 the real router has no random tie-break, its ties follow the registry order.
 """
