@@ -362,8 +362,10 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
     kept -> 100 % -> A; tail gone -> 60 % -> the idle worker. The stamp rules the real tree does
     not follow must each disagree with the real router somewhere."""
     interval, max_size, n_keys = 2, 1360, 12
-    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size, "cache_threshold": 0.7}
-    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size), "--cache-threshold", "0.7"]
+    cfg = {"eviction_interval_secs": interval, "max_tree_size": max_size, "cache_threshold": 0.7,
+           "balance_abs_threshold": 2}
+    args = ["--eviction-interval-secs", str(interval), "--max-tree-size", str(max_size), "--cache-threshold", "0.7",
+            "--balance-abs-threshold", "2"]
     variants = {name: {"tree_cls": cls, "startup_epochs": startup} for name, (cls, startup) in TREE_VARIANTS.items()}
 
     async def body(d: Driver):
@@ -378,7 +380,18 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
             for k in keys:
                 await pair.send({"text": k}, k, now_s=segment * interval)
                 await pair.drain()
-            # Oldest first: 2 epochs per query, so 2 of the 8 oldest are re-stamped whatever the phase.
+            # A balanced decision draws 2 epochs (match, insert): if the touches' matches would all
+            # fall on odd epochs (never re-stamping), one imbalanced decision (1 epoch: no match)
+            # shifts them. Our step router's epoch is the real one (the agreement checks it).
+            if pair.step.tree.epoch % 2:
+                x = chr(0xA000 + rnd) + "x" * 99
+                for _ in range(3):  # three hits on A, held: loads 3 vs 0 > balance_abs_threshold
+                    await pair.send({"text": x}, x, now_s=segment * interval)
+                y = chr(0xA100 + rnd) + "y" * 99
+                await pair.send({"text": y}, y, now_s=segment * interval)
+                assert pair.step.last_branch == "imbalanced"
+                await pair.drain()
+            # Oldest first, 2 epochs per touch: 2 of the 8 oldest tails are re-stamped.
             for j in range(n_keys):
                 q = keys[j][:60] + "".join(rng.choice("KLMNOPQRST") for _ in range(40))
                 await pair.send({"text": q}, q, now_s=segment * interval)
@@ -402,6 +415,7 @@ def test_trim_order_follows_the_real_stamps(tmp_path):
                       f"longest segment {longest:.2f} s of the {interval} s between trims")
         print(REPORT[-1])
         check("trim_stamp_order", d, pair, {"hit", "low_match_tied", "low_match_untied"})
+        assert pair.step.tree.epoch > 0
         must_differ = dict(pair.differs)
         if (d.router.init_epochs() - d.workers.n) % 8 == 0:  # then the start-up epochs shift no re-stamp
             must_differ.pop("epoch_ignores_startup")
