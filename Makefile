@@ -1,8 +1,8 @@
 # Every target runs from the repository root. PYTHON can point at a venv's interpreter.
 PYTHON ?= python3
-PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu"
+PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu and not router_binary"
 
-.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env clean
+.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,6 +26,12 @@ sglang-env:  ## build the CPU SGLang environment (.venv-sglang) used by parity t
 
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
 	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
+
+router-env:  ## build the real sglang-router 0.3.2 environment (.venv-router) for the router_binary tests
+	bash scripts/make_router_env.sh
+
+test-router-binary: router-env  ## our routers against the real sglang-router 0.3.2 binary, decision by decision
+	$(PYTHON) -m pytest -m router_binary tests/router_binary
 
 test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CONF exported)
 	$(PYTHON) -m pytest -m slurm

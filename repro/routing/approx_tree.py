@@ -1,24 +1,27 @@
-"""The cache-aware router's shared approximate radix tree (sglang-router's multi-tenant tree).
+"""The cache-aware router's shared approximate radix tree (sglang-router 0.3.2's multi-tenant tree).
 
-One tree for all workers: every node holds a run of units (characters of the request text,
-or int32 tokens packed as 4 bytes each) and a dict tenant -> last access time (the workers
-whose requests passed through the node). Facts taken from sglang-router's `tree.rs`
-(behaviour only, written anew here):
+One tree for all workers: every node holds a run of units (characters of the routing key, or
+int32 tokens packed as 4 bytes each for the other users of this structure) and a dict
+tenant -> last access *epoch*, plus the tenant that created the node. Behaviour taken from
+sglang-router 0.3.2's `tree.rs` (facts only, written anew here; docs/ALGORITHMS.md §3):
 
-- `insert(key, tenant)` walks/splits the tree, stamps `now_s` for `tenant` on every node of
-  the path (root included) and counts a node's units towards `tenant` the first time the
-  tenant appears on it; a split copies the tenant map to the new upper node.
+- Timestamps are epochs of one counter, not clock time: every `insert` and every
+  `prefix_match` draws exactly one epoch (the real router's global `get_epoch()`).
+- `insert(key, tenant)` walks/splits the tree. A tenant joining an existing node on the way
+  gets timestamp 0 there (counted towards its size the first time); a split copies the tenant
+  map (timestamps included) and the creator to the new upper node; only the node where the
+  key ends (a new leaf, or the last node reached) is stamped with the epoch. The root holds
+  every tenant (0 when it first arrives) and is stamped only by an empty key.
 - `prefix_match(key)` returns the matched length (a partial match inside a node counts) and
-  one tenant of the node where matching stopped, and re-stamps that tenant on the path from
-  that node to the root (an access, as in the real router).
+  the creator of the node where matching stopped; if the creator has been trimmed off that
+  node, the first remaining tenant in `tenant_order` (the real router: the node's hash order,
+  which no one can predict; this is the stand-in) becomes its cached tenant. It re-stamps
+  that tenant on that node only, and only when the epoch it drew is a multiple of 8.
 - `evict_tenant_by_size(max_units)`: per tenant over budget, remove the tenant from its
-  least recently accessed tenant-leaves (nodes no child of which carries the tenant) until
-  it holds <= max_units; a node left with no tenant and no child is unlinked.
-
-Choices the real router leaves to hash order (documented, configurable by the router's
-`tie_break`): on a node shared by several tenants the real router takes the first key of a
-DashMap (hash order, effectively arbitrary per process); here "index" takes the tenant that
-reached the node first (dict insertion order, kept across splits), "random" draws one.
+  least recently stamped tenant-leaves (nodes no child of which carries the tenant) until it
+  holds <= max_units; a node left with no tenant and no child is unlinked. Equal timestamps
+  (the 0s of joined inner nodes) pop in discovery order here; the real router's binary heap
+  orders them arbitrarily.
 
 Why hand-written: it runs once per routed request on prompts of thousands of units; keys
 are `str` or `bytes` and every comparison is a slice comparison (memcmp in C), with a
@@ -29,19 +32,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Iterator
+from typing import Iterator, Sequence
 
 Key = str | bytes
 
 
 class _Node:
-    __slots__ = ("key", "children", "tenants", "parent")
+    __slots__ = ("key", "children", "tenants", "parent", "creator")
 
-    def __init__(self, key: Key, parent: "_Node | None") -> None:
+    def __init__(self, key: Key, parent: "_Node | None", creator: int | None = None) -> None:
         self.key = key
         self.children: dict[Key, _Node] = {}
-        self.tenants: dict[int, float] = {}  # tenant -> last access time; order = arrival order
+        self.tenants: dict[int, int] = {}  # tenant -> last access epoch
         self.parent = parent
+        self.creator = creator  # the real router's cached `last_tenant`
 
 
 def common_prefix_units(node_key: Key, key: Key, pos: int, unit: int) -> int:
@@ -65,37 +69,47 @@ class ApproximateTree:
     """Multi-tenant approximate radix tree; tenants are worker ids (ints).
 
     `unit` = positions per unit: 1 for `str` keys (characters), 4 for `bytes` keys of packed
-    int32 tokens. Sizes and match lengths are reported in units.
+    int32 tokens. Sizes and match lengths are reported in units. `tenant_order` ranks tenants
+    for the one choice the real router leaves to hash order (see the module docstring);
+    default: ascending id.
     """
 
-    def __init__(self, unit: int = 1) -> None:
+    def __init__(self, unit: int = 1, tenant_order: Sequence[int] | None = None) -> None:
         if unit not in (1, 4):
             raise ValueError(f"unit must be 1 (characters) or 4 (packed int32 tokens), got {unit}")
         self.unit = unit
         self.root = _Node(b"" if unit == 4 else "", None)
         self.tenant_size: dict[int, int] = {}  # units per tenant (sglang-router: tenant_char_count)
+        self.epoch = 0  # next epoch to hand out
+        self.hash_order_choices = 0  # fallbacks among >1 tenants (where the real router's pick is unknowable)
+        self._rank = {t: i for i, t in enumerate(tenant_order)} if tenant_order is not None else None
+
+    def _next_epoch(self) -> int:
+        e = self.epoch
+        self.epoch = e + 1
+        return e
 
     # ------------------------------------------------------------------ updates
-    def insert(self, key: Key, tenant: int, now_s: float) -> None:
+    def insert(self, key: Key, tenant: int) -> None:
         u = self.unit
         node = self.root
-        node.tenants[tenant] = now_s
+        node.tenants.setdefault(tenant, 0)
         size = self.tenant_size.get(tenant, 0)
         pos, n = 0, len(key)
         while pos < n:
             first = key[pos : pos + u]
             child = node.children.get(first)
             if child is None:
-                leaf = _Node(key[pos:], node)
-                leaf.tenants[tenant] = now_s
+                leaf = _Node(key[pos:], node, tenant)
+                leaf.tenants[tenant] = self._next_epoch()
                 node.children[first] = leaf
-                size += (n - pos) // u
-                break
+                self.tenant_size[tenant] = size + (n - pos) // u
+                return
             ck = child.key
             shared = common_prefix_units(ck, key, pos, u)
             if shared < len(ck):
-                # Split: node -> upper(ck[:shared]) -> child(ck[shared:]).
-                upper = _Node(ck[:shared], node)
+                # Split: node -> upper(ck[:shared]) -> child(ck[shared:]); upper copies the tenants.
+                upper = _Node(ck[:shared], node, child.creator)
                 upper.tenants = dict(child.tenants)
                 rest = ck[shared:]
                 upper.children[rest[:u]] = child
@@ -105,27 +119,36 @@ class ApproximateTree:
                 child = upper
             if tenant not in child.tenants:
                 size += len(child.key) // u
-            child.tenants[tenant] = now_s
+                child.tenants[tenant] = 0
             node = child
             pos += shared
         self.tenant_size[tenant] = size
+        node.tenants[tenant] = self._next_epoch()  # the key ended on an existing node (or root)
 
-    def prefix_match(self, key: Key, now_s: float, pick=None) -> tuple[int, int | None]:
+    def prefix_match(self, key: Key) -> tuple[int, int | None]:
         """(matched units, tenant of the node where matching stopped, or None if it has none).
 
-        `pick(tenants_dict) -> tenant` chooses among the node's tenants (default: first).
-        The chosen tenant is re-stamped from that node up to the root.
+        Draws one epoch; re-stamps the returned tenant on that node when the epoch is a multiple of 8.
         """
         matched, node = self.walk(key)
-        if not node.tenants:
-            return matched, None
-        tenant = pick(node.tenants) if pick is not None else next(iter(node.tenants))
-        walk: _Node | None = node
-        while walk is not None:
-            if tenant in walk.tenants:
-                walk.tenants[tenant] = now_s
-            walk = walk.parent
+        tenant = self._node_tenant(node)
+        epoch = self._next_epoch()
+        if tenant is not None and epoch & 7 == 0:
+            node.tenants[tenant] = epoch
         return matched, tenant
+
+    def _node_tenant(self, node: _Node) -> int | None:
+        tenants = node.tenants
+        if node.creator is not None and node.creator in tenants:
+            return node.creator
+        if not tenants:
+            return None
+        if len(tenants) > 1 and node is not self.root:
+            self.hash_order_choices += 1
+        rank = self._rank
+        fallback = min(tenants, key=rank.__getitem__) if rank is not None else min(tenants)
+        node.creator = fallback
+        return fallback
 
     def walk(self, key: Key) -> tuple[int, _Node]:
         """Read-only: (matched units, node where matching stopped — inside it on a partial match)."""
@@ -144,7 +167,7 @@ class ApproximateTree:
         return pos // u, node
 
     def evict_tenant_by_size(self, max_units: int) -> int:
-        """Trim every tenant to <= max_units, least recently accessed tenant-leaves first.
+        """Trim every tenant to <= max_units, least recently stamped tenant-leaves first.
 
         Returns the number of (node, tenant) removals.
         """
@@ -152,39 +175,32 @@ class ApproximateTree:
             return 0
         u = self.unit
         seq = itertools.count()
-        heap: list[tuple[float, int, int, _Node]] = []
+        heap: list[tuple[int, int, int, _Node]] = []
         for node in self._nodes():
             for tenant in self._leaf_tenants(node):
                 heap.append((node.tenants[tenant], next(seq), tenant, node))
         heapq.heapify(heap)
         removed = 0
+        sizes = self.tenant_size
         while heap:
             _, _, tenant, node = heapq.heappop(heap)
-            if self.tenant_size.get(tenant, 0) <= max_units:
+            if sizes.get(tenant, 0) <= max_units:
                 continue
-            if tenant in node.tenants:
-                self.tenant_size[tenant] -= len(node.key) // u
-                del node.tenants[tenant]
-                removed += 1
+            if tenant not in node.tenants or any(tenant in c.tenants for c in node.children.values()):
+                continue  # no longer a leaf for this tenant
+            sizes[tenant] = max(0, sizes[tenant] - len(node.key) // u)
+            del node.tenants[tenant]
+            removed += 1
             parent = node.parent
             if parent is None:
                 continue
-            if not node.children and not node.tenants:
+            if not node.children and not node.tenants and node.key:
                 del parent.children[node.key[:u]]
-            if tenant in parent.tenants and not any(
-                tenant in c.tenants for c in parent.children.values()
-            ):
+            if tenant in parent.tenants and not any(tenant in c.tenants for c in parent.children.values()):
                 heapq.heappush(heap, (parent.tenants[tenant], next(seq), tenant, parent))
         return removed
 
     # ------------------------------------------------------------------ queries
-    def smallest_tenants(self) -> list[int]:
-        """Tenants holding the fewest units (all of them on a tie), in tenant-id order."""
-        if not self.tenant_size:
-            return []
-        least = min(self.tenant_size.values())
-        return sorted(t for t, s in self.tenant_size.items() if s == least)
-
     def used_size_per_tenant(self) -> dict[int, int]:
         """Recount sizes from the nodes (a check on `tenant_size`; O(tree))."""
         sizes = {t: 0 for t in self.tenant_size}

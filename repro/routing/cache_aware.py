@@ -1,50 +1,85 @@
 """SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5).
 
-Rule (ALGORITHMS.md §3; behaviour checked against sglang-router's `cache_aware.rs`/`tree.rs`):
+Rule (docs/ALGORITHMS.md §3; checked against the real 0.3.2 binary by
+tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
 
 1. load_i = the router's own count of in-flight requests on worker i (+1 when dispatched,
    -1 on the completion callback, never below 0).
 2. imbalanced = (max load - min load > balance_abs_threshold) AND
-   (max load > balance_rel_threshold * min load). If imbalanced: route to the least loaded
-   worker (first minimum = lowest id) and still insert the request into the tree for it.
-3. Otherwise: match the request against the shared approximate tree (`ApproximateTree`);
-   match rate = matched units / request units (0 for an empty request). If
-   rate > cache_threshold (strictly): the tenant of the node where matching stopped;
-   else the tenant holding the fewest units in the tree ("smallest tree"). Insert the
-   request for the chosen worker.
-4. Every eviction_interval_secs of the driver's clock (`now_s`), trim every tenant to
-   max_tree_size units, least recently accessed tenant-leaves first. The real router runs
-   this in a background thread from start-up; here it runs lazily at the first
-   `select_worker` call at or after each deadline, deadlines every interval from the first
-   call after `reset` (trimming is idempotent, so several elapsed intervals trim once).
-   eviction_interval_secs <= 0 disables it (as in the real router).
+   (max load > balance_rel_threshold * min load, in float32 as the real router computes it).
+   If imbalanced: the least-loaded worker, and the request is still inserted for it.
+3. Otherwise: match the routing key against the shared approximate tree (`ApproximateTree`);
+   match rate = matched / key length (0 for an empty key; float32). If rate >
+   cache_threshold (strictly): the tenant of the node where matching stopped (its creator).
+   Else ("low match"): `low_match=least_loaded` (default; 0.3.2, since 0.2.4) the
+   least-loaded worker; `smallest_tree` the worker holding the fewest units in the tree (the
+   rule of sglang-router <= 0.2.3). Insert the key for the chosen worker.
+4. Load ties, in both least-loaded choices (and smallest-tree ties), go to the first minimum
+   in `worker_order`: the real router scans its worker registry, a map keyed by random UUIDs,
+   i.e. a random permutation fixed for the router process (it reports it in `GET /workers`).
+   `seeded` (default) draws that permutation from the run's router seed at reset, `index` is
+   0..M-1, or an explicit list of worker ids (the binary parity test passes the real order).
+5. Every eviction_interval_secs of the driver's clock (`now_s`), trim every tenant to
+   max_tree_size units. The real router runs this in a background thread from start-up;
+   here it runs lazily at the first `select_worker` call at or after each deadline,
+   deadlines every interval from the first call after `reset` (trimming is idempotent, so
+   several elapsed intervals trim once). eviction_interval_secs <= 0 disables it.
+6. Tree timestamps are the real tree's epochs (`approx_tree`): at reset every worker joins
+   with an empty key (init_workers: one epoch each), each insert and each match draws one
+   more; a match re-stamps its node one time in eight (epoch multiple of 8).
 
-Choices the paper and the real router leave open (config keys):
-- match_on: "text" = characters of `request.text` (the real router's tree), "tokens" =
-  prompt token ids (for the simulator, whose workloads may have no text), "auto" (default)
-  = text when the first routed request has text, else tokens; the choice then holds for the
-  run (a text-mode run fed a request without text raises).
-- tie_break: the real router resolves two ties by DashMap hash order (arbitrary per process):
-  which tenant of a shared node, and which of several equally small tenants. "index"
-  (default, deterministic): the tenant that reached the node first / the lowest worker id;
-  "random": uniform among the tied candidates, from the run's seeded generator.
-- At reset every worker joins the tree with an empty key (sglang-router's init_workers), so
-  all start at size 0.
+Routing key (`match_on`): "text" = characters of `request.text` (the real router with a
+`text` request); "tokens" = the prompt token ids as decimal strings joined by single spaces,
+counted in characters (exactly what the real router matches, and what max_tree_size counts,
+for a request with only `input_ids`); "auto" (default) = text when the first routed request
+has text, else tokens, then fixed for the run (a text-mode run fed a request without text raises).
+
+`route_key` = `decide` (trim if due, match, choose; `last_branch` then names the branch: hit |
+low_match_tied | low_match_untied | imbalanced) + `commit` (insert, count the load); the binary
+parity test commits the real router's decision to stay in its state.
+
+The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
+the real router has no random tie-break, its ties follow the registry order.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from repro.routing.approx_tree import ApproximateTree
-from repro.routing.base import Router, WorkerView, check_choice, token_key
+from repro.routing.base import Router, WorkerView, check_choice
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
+_f32 = np.float32
+
+
+def ids_key(tokens) -> str:
+    """The real router's routing text for an `input_ids`-only request: ids joined by spaces."""
+    return " ".join(map(str, np.asarray(tokens).tolist()))
+
+
+def check_worker_order(worker_order) -> str | tuple[int, ...]:
+    """`seeded` | `index` | a list of distinct worker ids (checked against M at reset)."""
+    if isinstance(worker_order, str):
+        return check_choice("worker_order", worker_order, ("seeded", "index"))
+    try:
+        order = tuple(int(w) for w in worker_order)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"worker_order must be 'seeded', 'index' or a list of worker ids, got {worker_order!r}"
+        ) from None
+    if len(set(order)) != len(order) or any(w < 0 for w in order):
+        raise ValueError(f"worker_order must list distinct worker ids >= 0, got {list(order)}")
+    return order
+
 
 class CacheAwareRouter(Router):
     name = "cache_aware"
+    removed_options = ("tie_break",)  # accepted only to fail with a pointer to its replacement
 
     def __init__(
         self,
@@ -55,8 +90,15 @@ class CacheAwareRouter(Router):
         eviction_interval_secs: float = 60.0,
         max_tree_size: int = 2**26,
         match_on: str = "auto",
-        tie_break: str = "index",
+        low_match: str = "least_loaded",
+        worker_order="seeded",
+        tie_break: str | None = None,
     ) -> None:
+        if tie_break is not None:
+            raise ValueError(
+                "cache_aware: tie_break was removed; load ties follow worker_order "
+                "(seeded | index | explicit list of worker ids), like the real router's registry order"
+            )
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
         if balance_abs_threshold < 0:
@@ -72,28 +114,35 @@ class CacheAwareRouter(Router):
         self.eviction_interval_secs = float(eviction_interval_secs)
         self.max_tree_size = int(max_tree_size)
         self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens"))
-        self.tie_break = check_choice("tie_break", tie_break, ("index", "random"))
+        self.low_match = check_choice("low_match", low_match, ("least_loaded", "smallest_tree"))
+        self.worker_order = check_worker_order(worker_order)
+        self._threshold32 = _f32(self.cache_threshold)
+        self._rel32 = _f32(self.balance_rel_threshold)
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, workers: Sequence[WorkerView], seed: int) -> None:
         super().reset(workers, seed)
-        self.loads = [0] * self.num_workers
+        m = self.num_workers
+        if self.worker_order == "seeded":
+            self.order = [int(w) for w in self.rng.permutation(m)]
+        elif self.worker_order == "index":
+            self.order = list(range(m))
+        else:
+            if sorted(self.worker_order) != list(range(m)):
+                raise ValueError(f"worker_order {list(self.worker_order)} is not a permutation of 0..{m - 1}")
+            self.order = list(self.worker_order)
+        self.loads = [0] * m
         self.mode: str | None = None if self.match_on == "auto" else self.match_on
-        self.tree: ApproximateTree | None = None
-        if self.mode is not None:
-            self._build_tree()
+        self.tree = ApproximateTree(unit=1, tenant_order=self.order)
+        for worker in self.order:  # init_workers: every worker joins with an empty key
+            self.tree.insert("", worker)
         self._next_eviction_s: float | None = None
         self.evictions_run = 0
+        self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced
 
-    def _build_tree(self) -> None:
-        self.tree = ApproximateTree(unit=1 if self.mode == "text" else 4)
-        for worker in range(self.num_workers):
-            self.tree.insert(self.tree.root.key, worker, 0.0)
-
-    def _key(self, request: "Request") -> str | bytes:
+    def _key(self, request: "Request") -> str:
         if self.mode is None:  # auto: decided by the first request of the run
             self.mode = "text" if request.text is not None else "tokens"
-            self._build_tree()
         if self.mode == "text":
             if request.text is None:
                 raise ValueError(
@@ -101,52 +150,66 @@ class CacheAwareRouter(Router):
                     "(match_on=text, or auto resolved to text by an earlier request)"
                 )
             return request.text
-        return token_key(request.prompt_tokens)
+        return ids_key(request.prompt_tokens)
 
     # ------------------------------------------------------------------ routing
     def select_worker(self, request: "Request", workers: Sequence[WorkerView], now_s: float) -> int:
-        key = self._key(request)
+        return self.route_key(self._key(request), now_s)
+
+    def route_key(self, key: str, now_s: float) -> int:
+        """The decision for a routing key (the real router's request text); updates state."""
+        worker = self.decide(key, now_s)
+        self.commit(key, worker)
+        return worker
+
+    def decide(self, key: str, now_s: float) -> int:
+        """Choose a worker for `key`: trims when due and matches (which stamps, as the real
+        router does) but neither inserts nor counts load; `commit` does that."""
         tree = self.tree
         self._maybe_evict(now_s)
         loads = self.loads
         max_load, min_load = max(loads), min(loads)
         imbalanced = (max_load - min_load > self.balance_abs_threshold) and (
-            max_load > min_load * self.balance_rel_threshold
+            _f32(max_load) > _f32(min_load) * self._rel32
         )
         if imbalanced:
-            worker = loads.index(min_load)
+            self.last_branch = "imbalanced"
+            return self._least_loaded()
+        matched, tenant = tree.prefix_match(key)
+        total = len(key)
+        rate = _f32(matched) / _f32(total) if total else _f32(0.0)
+        if rate > self._threshold32 and tenant is not None:
+            self.last_branch = "hit"
+            return tenant
+        if self.low_match == "least_loaded":
+            worker = self._least_loaded()
+            tied = loads.count(loads[worker]) > 1
         else:
-            matched, tenant = tree.prefix_match(key, now_s, self._pick_tenant)
-            total = len(key) // tree.unit
-            rate = matched / total if total else 0.0
-            if rate > self.cache_threshold and tenant is not None:
-                worker = tenant
-            else:
-                smallest = tree.smallest_tenants()
-                worker = smallest[0] if self.tie_break == "index" else self._draw(smallest)
-        tree.insert(key, worker, now_s)
-        loads[worker] += 1
+            sizes = tree.tenant_size
+            worker = min(self.order, key=sizes.__getitem__)
+            tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
+        self.last_branch = "low_match_tied" if tied else "low_match_untied"
         return worker
 
+    def commit(self, key: str, worker: int) -> None:
+        """The routed request: insert its key for `worker` (on every branch) and count it."""
+        self.tree.insert(key, worker)
+        self.loads[worker] += 1
+
+    def _least_loaded(self) -> int:
+        return min(self.order, key=self.loads.__getitem__)  # first minimum in registry order
+
     def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
+        self.release(worker_id)
+
+    def on_request_abandoned(self, request, worker_id, now_s=None):
+        self.release(worker_id)  # completion only releases the request's slot here
+
+    def release(self, worker_id: int) -> None:
         if self.loads[worker_id] > 0:
             self.loads[worker_id] -= 1
 
-    def on_request_abandoned(self, request, worker_id, now_s=None):
-        # completion only releases the request's slot here: abandoning is the same
-        self.on_request_complete(request, worker_id, 0.0, 0.0, 0, now_s)
-
     # ------------------------------------------------------------------ helpers
-    def _pick_tenant(self, tenants: dict[int, float]) -> int:
-        if self.tie_break == "index" or len(tenants) == 1:
-            return next(iter(tenants))
-        return self._draw(list(tenants))
-
-    def _draw(self, candidates: list[int]) -> int:
-        if len(candidates) == 1:
-            return candidates[0]
-        return candidates[int(self.rng.integers(len(candidates)))]
-
     def _maybe_evict(self, now_s: float) -> None:
         interval = self.eviction_interval_secs
         if interval <= 0:

@@ -68,7 +68,7 @@ class TreeCache:
         return type("Match", (), {"length": n, "last_node": node})()
 
     def insert(self, tokens):
-        self.tree.insert(_key(tokens), 0, 0.0)
+        self.tree.insert(_key(tokens), 0)
 
     def inc_lock_ref(self, node) -> int:
         return 0
@@ -159,7 +159,7 @@ def measure(make_router, requests, m, cost_model, capacity, warm) -> np.ndarray:
         if i >= warm:
             times.append(t1 - t0)
         views[w].in_flight += 1
-        views[w].tree.insert(token_key(q.prompt_tokens), 0, now)
+        views[w].tree.insert(token_key(q.prompt_tokens), 0)
         heapq.heappush(done, (now + 1.0, i, w))
     gc.enable()
     return np.array(times) / 1e3

@@ -53,7 +53,7 @@ def test_records_have_the_simulators_columns_and_dtypes():
         b = by_rid[f"repro-{r.id}"]
         assert b["input_ids"] == r.prompt_tokens.tolist() and b["text"] == r.text
         assert b["sampling_params"]["max_new_tokens"] == r.output_len and b["sampling_params"]["ignore_eos"]
-        assert b["repro_output_ids"] == r.generated_tokens.tolist()
+        assert b["custom_labels"]["repro_output_ids"] == ",".join(map(str, r.generated_tokens.tolist()))
     assert report["num_failed"] == 0 and report["time_scale"] == 2.0
 
 

@@ -31,7 +31,7 @@ SGLANG_FLAGS = {"--model-path", "--host", "--port", "--radix-eviction-policy", "
 # Flags of sglang-router 0.3.2's launch_router that we emit.
 ROUTER_FLAGS = {"--host", "--port", "--worker-urls", "--policy", "--cache-threshold", "--balance-abs-threshold",
                 "--balance-rel-threshold", "--eviction-interval-secs", "--max-tree-size", "--request-timeout-secs",
-                "--worker-startup-timeout-secs"}
+                "--worker-startup-timeout-secs", "--prometheus-host", "--prometheus-port"}
 
 
 def _flags(cmd):
@@ -88,19 +88,20 @@ def test_sglang_router_command():
               "balance_rel_threshold": 1.5, "eviction_interval_secs": 60, "max_tree_size": 2**26}
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     cmd = sglang_router_command("python", "127.0.0.1", 30000, urls, rc, request_timeout_s=600.5,
-                                worker_startup_timeout_s=60)
+                                worker_startup_timeout_s=60, prometheus_port=30009)
     assert cmd[:3] == ["python", "-m", "sglang_router.launch_router"]
     assert _flags(cmd) <= ROUTER_FLAGS
     i = cmd.index("--worker-urls")
     assert cmd[i + 1:i + 3] == urls and cmd[cmd.index("--policy") + 1] == "cache_aware"
     assert cmd[cmd.index("--request-timeout-secs") + 1] == "601"
     assert cmd[cmd.index("--max-tree-size") + 1] == str(2**26)
+    assert cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1" and cmd[cmd.index("--prometheus-port") + 1] == "30009"
     rr = sglang_router_command("python", "h", 1, urls, {"name": "round_robin"}, request_timeout_s=1,
-                               worker_startup_timeout_s=1)
+                               worker_startup_timeout_s=1, prometheus_port=2)
     assert "--cache-threshold" not in rr
     with pytest.raises(OrchestrationError, match="router_impl=ours"):
         sglang_router_command("python", "h", 1, urls, {"name": "lbgr"}, request_timeout_s=1,
-                              worker_startup_timeout_s=1)
+                              worker_startup_timeout_s=1, prometheus_port=2)
 
 
 def test_sglang_router_command_parses_with_its_own_parser():
@@ -108,7 +109,7 @@ def test_sglang_router_command_parses_with_its_own_parser():
     router_args = pytest.importorskip("sglang_router.router_args")
     cmd = sglang_router_command("python", "127.0.0.1", 30000, ["http://127.0.0.1:1"],
                                 {"name": "cache_aware", "cache_threshold": 0.5}, request_timeout_s=60,
-                                worker_startup_timeout_s=60)
+                                worker_startup_timeout_s=60, prometheus_port=30009)
     p = argparse.ArgumentParser()
     router_args.RouterArgs.add_cli_args(p)
     args = router_args.RouterArgs.from_cli_args(p.parse_args(cmd[3:]))

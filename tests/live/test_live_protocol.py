@@ -48,7 +48,10 @@ def test_defaults_follow_sglang():
         ({"input_ids": [1], "sampling_params": [1]}, "sampling_params"),
         ({"input_ids": [1], "stream": "yes"}, "stream"),
         ({"input_ids": [1], "rid": 5}, "rid"),
-        ({"input_ids": [1], protocol.OUTPUT_IDS_KEY: "abc"}, protocol.OUTPUT_IDS_KEY),
+        ({"input_ids": [1], "custom_labels": {protocol.OUTPUT_IDS_KEY: "abc"}}, protocol.OUTPUT_IDS_KEY),
+        ({"input_ids": [1], "custom_labels": {protocol.OUTPUT_IDS_KEY: "1,,2"}}, protocol.OUTPUT_IDS_KEY),
+        ({"input_ids": [1], "custom_labels": {protocol.OUTPUT_IDS_KEY: [1, 2]}}, protocol.OUTPUT_IDS_KEY),
+        ({"input_ids": [1], "custom_labels": "x"}, "custom_labels"),
     ],
 )
 def test_bad_requests_are_named(body, fragment):

@@ -62,7 +62,7 @@ ops = st.lists(st.tuples(st.integers(0, 3), strings), max_size=25)
 def test_tree_matches_reference(ops, queries, unit):
     tree, ref = ApproximateTree(unit=unit), ReferenceTree()
     for k, (tenant, s) in enumerate(ops):
-        tree.insert(as_key(s, unit), tenant, float(k))
+        tree.insert(as_key(s, unit), tenant)
         ref.insert(s, tenant)
     assert tree.tenant_size == ref.sizes()
     assert tree.used_size_per_tenant() == tree.tenant_size
@@ -72,7 +72,10 @@ def test_tree_matches_reference(ops, queries, unit):
         m, node = tree.walk(as_key(q, unit))
         assert m == m_ref
         assert list(node.tenants) == tenants_ref
-        assert tree.prefix_match(as_key(q, unit), 1e6) == (m_ref, tenants_ref[0] if tenants_ref else None)
+        # The tenant reported is the node's creator: the first to reach it (no trimming here);
+        # the root has no creator: the first tenant in tenant_order (default: lowest id).
+        expected = (min(tenants_ref) if node is tree.root else tenants_ref[0]) if tenants_ref else None
+        assert tree.prefix_match(as_key(q, unit)) == (m_ref, expected)
     assert tree.tenant_size == ref.sizes()  # matching never changes sizes
 
 
@@ -81,7 +84,7 @@ def test_tree_matches_reference(ops, queries, unit):
 def test_eviction_keeps_sizes_consistent_and_within_budget(ops, max_units):
     tree = ApproximateTree(unit=1)
     for k, (tenant, s) in enumerate(ops):
-        tree.insert(s, tenant, float(k))
+        tree.insert(s, tenant)
     tree.evict_tenant_by_size(max_units)
     assert all(size <= max_units for size in tree.tenant_size.values())
     assert tree.used_size_per_tenant() == tree.tenant_size
@@ -104,44 +107,76 @@ def test_common_prefix_units_whole_tokens():
 
 def test_insert_split_and_sizes_table():
     tree = ApproximateTree()
-    tree.insert("apple", 0, 1.0)
-    tree.insert("apricot", 1, 2.0)
-    tree.insert("banana", 0, 3.0)
+    tree.insert("apple", 0)  # epoch 0
+    tree.insert("apricot", 1)  # epoch 1
+    tree.insert("banana", 0)  # epoch 2
     assert tree.tenant_size == {0: 11, 1: 7}
     (ap,) = [c for c in tree.root.children.values() if c.key == "ap"]
-    assert list(ap.tenants) == [0, 1]  # split node keeps the first arrival first
-    assert sorted(c.key for c in ap.children.values()) == ["ple", "ricot"]
-    assert tree.prefix_match("apricots", 4.0) == (7, 1)
-    assert tree.prefix_match("apx", 5.0) == (2, 0)  # stops after "ap": its first tenant
-    assert tree.prefix_match("zzz", 6.0)[0] == 0
+    # The split copied worker 0's stamp and creator; worker 1 joined it with timestamp 0.
+    assert ap.tenants == {0: 0, 1: 0} and ap.creator == 0
+    ple, ricot = sorted(ap.children.values(), key=lambda c: c.key)
+    assert (ple.key, ple.tenants, ricot.key, ricot.tenants) == ("ple", {0: 0}, "ricot", {1: 1})
+    assert tree.prefix_match("apricots") == (7, 1)  # epoch 3: no re-stamp
+    assert tree.prefix_match("apx") == (2, 0)  # stops inside "ap": its creator
+    assert tree.prefix_match("zzz")[0] == 0
+    assert tree.epoch == 6
 
 
 def test_eviction_table_lru_order_and_shared_nodes():
     tree = ApproximateTree()
-    tree.insert("aaaa", 0, 1.0)
-    tree.insert("bbbb", 0, 2.0)
-    tree.insert("aaaa", 1, 3.0)
+    tree.insert("aaaa", 0)  # epoch 0
+    tree.insert("bbbb", 0)  # epoch 1
+    tree.insert("aaaa", 1)  # epoch 2: the key ends on the existing node, stamped for 1 only
     tree.evict_tenant_by_size(4)
     # Tenant 0's least recent leaf "aaaa" goes; tenant 1 keeps it.
     assert tree.tenant_size == {0: 4, 1: 4}
     nodes = {c.key: dict(c.tenants) for c in tree.root.children.values()}
-    assert nodes == {"aaaa": {1: 3.0}, "bbbb": {0: 2.0}}
+    assert nodes == {"aaaa": {1: 2}, "bbbb": {0: 1}}
 
 
-def test_prefix_match_touch_changes_eviction_order():
+def test_prefix_match_restamps_one_time_in_eight():
     tree = ApproximateTree()
-    tree.insert("aaaa", 0, 1.0)
-    tree.insert("bbbb", 0, 2.0)
-    assert tree.prefix_match("aaaa", 5.0) == (4, 0)  # re-stamps tenant 0 on "aaaa"
+    tree.insert("aaaa", 0)  # epoch 0
+    tree.insert("bbbb", 0)  # epoch 1
+    for _ in range(5):  # epochs 2..6: no re-stamp
+        assert tree.prefix_match("aaaa") == (4, 0)
+    tree.evict_tenant_by_size(4)
+    assert [c.key for c in tree.root.children.values()] == ["bbbb"]
+    tree = ApproximateTree()
+    tree.insert("aaaa", 0)
+    tree.insert("bbbb", 0)
+    for _ in range(6):  # epochs 2..7: the match with epoch... 8 is the next one
+        tree.prefix_match("aaaa")
+    assert tree.prefix_match("aaaa") == (4, 0)  # epoch 8: re-stamps tenant 0 on "aaaa"
+    assert tree.root.children["a"].tenants == {0: 8}
     tree.evict_tenant_by_size(4)
     assert [c.key for c in tree.root.children.values()] == ["aaaa"]
 
 
+def test_inner_nodes_joined_get_timestamp_zero_and_creator_survives_until_trimmed():
+    tree = ApproximateTree(tenant_order=[2, 1, 0])
+    tree.insert("abcd", 0)  # epoch 0
+    tree.insert("abcdef", 1)  # joins "abcd" with 0, leaf "ef" stamped 1
+    tree.insert("abcdef", 2)  # joins both with 0, stamps the leaf "ef" for 2 with epoch 2
+    abcd = tree.root.children["a"]
+    assert abcd.tenants == {0: 0, 1: 0, 2: 0} and abcd.creator == 0
+    assert abcd.children["e"].tenants == {1: 1, 2: 2}
+    tree.evict_tenant_by_size(0)  # everyone trimmed: an empty tree remains
+    assert tree.root.children == {}
+    tree.insert("abcd", 0)
+    tree.insert("abcd", 1)
+    tree.insert("abcd", 2)
+    abcd = tree.root.children["a"]
+    del abcd.tenants[0]  # the creator is gone (as after a trim): the first remaining in tenant_order
+    tree.tenant_size[0] -= 4
+    assert tree.prefix_match("abcd") == (4, 2)
+
+
 def test_eviction_walks_up_to_parents():
     tree = ApproximateTree()
-    tree.insert("abcd", 0, 1.0)
-    tree.insert("abxy", 0, 2.0)
-    tree.insert("zz", 1, 3.0)
+    tree.insert("abcd", 0)
+    tree.insert("abxy", 0)
+    tree.insert("zz", 1)
     tree.evict_tenant_by_size(0)
     assert tree.tenant_size == {0: 0, 1: 0}
     assert tree.root.children == {}
@@ -150,21 +185,10 @@ def test_eviction_walks_up_to_parents():
 
 def test_eviction_stops_at_budget_and_spares_small_tenants():
     tree = ApproximateTree()
-    tree.insert("abcd", 0, 1.0)  # ab|cd after the next insert
-    tree.insert("abxy", 0, 2.0)
-    tree.insert("q", 1, 0.5)  # older than everything, but tenant 1 is within budget
+    tree.insert("q", 1)  # older than everything, but tenant 1 is within budget
+    tree.insert("abcd", 0)  # ab|cd after the next insert
+    tree.insert("abxy", 0)
     tree.evict_tenant_by_size(4)
     assert tree.tenant_size == {0: 4, 1: 1}
     (ab,) = [c for c in tree.root.children.values() if c.key == "ab"]
     assert [c.key for c in ab.children.values()] == ["xy"]  # the older leaf "cd" went first
-
-
-def test_smallest_tenants():
-    tree = ApproximateTree()
-    for t in range(3):
-        tree.insert("", t, 0.0)
-    assert tree.smallest_tenants() == [0, 1, 2]
-    tree.insert("abc", 0, 1.0)
-    tree.insert("ab", 2, 1.0)
-    assert tree.smallest_tenants() == [1]
-    assert ApproximateTree().smallest_tenants() == []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from repro.routing import CacheAwareRouter
-from repro.routing.base import token_key
+from repro.routing.cache_aware import ids_key
 from tests.routing.fakes import make_request, make_views
 
 _ids = iter(range(10**6))
@@ -20,6 +20,7 @@ def req(text=None, tokens=None):
 
 def router(m=2, **kw):
     kw.setdefault("match_on", "text")
+    kw.setdefault("worker_order", "index")
     r = CacheAwareRouter(**kw)
     views = make_views(m)
     r.reset(views, seed=0)
@@ -34,15 +35,65 @@ def test_defaults_are_sglang_router_032():
     r = CacheAwareRouter()
     assert (r.cache_threshold, r.balance_abs_threshold, r.balance_rel_threshold) == (0.3, 64, 1.5)
     assert (r.eviction_interval_secs, r.max_tree_size) == (60.0, 2**26)
-    assert (r.match_on, r.tie_break) == ("auto", "index")
+    assert (r.match_on, r.low_match, r.worker_order) == ("auto", "least_loaded", "seeded")
 
 
 def test_cache_branch_goes_to_matched_worker():
     r, v = router()
-    assert route(r, v, "hello world") == 0  # empty tree: smallest tenant, tie -> lowest id
-    assert route(r, v, "goodbye") == 1  # no match: smallest tree is worker 1
+    assert route(r, v, "hello world") == 0  # low match, loads tied: first in worker order
+    assert r.last_branch == "low_match_tied"
+    assert route(r, v, "goodbye") == 1  # low match: worker 1 is least loaded
+    assert r.last_branch == "low_match_untied"
     assert route(r, v, "hello world, again") == 0  # 11/18 > 0.3
+    assert r.last_branch == "hit"
     assert route(r, v, "goodbye and thanks") == 1
+
+
+def test_low_match_least_loaded_vs_smallest_tree():
+    # Worker 0 holds a long text and is idle again; worker 1 is busy with a short one.
+    for rule, expected in (("least_loaded", 0), ("smallest_tree", 1)):
+        r, v = router(low_match=rule)
+        a = req("x" * 50)
+        assert r.select_worker(a, v, 0.0) == 0
+        r.on_request_complete(a, 0, 1.0, 0.5, 0, 1.0)
+        r.loads = [0, 1]
+        r.tree.insert("qq", 1)
+        assert route(r, v, "brand new") == expected, rule
+
+
+def test_load_ties_follow_worker_order():
+    r, v = router(m=4, worker_order=[2, 0, 3, 1])
+    assert route(r, v, "aaaa") == 2  # all idle: first in the order
+    assert route(r, v, "bbbb") == 0
+    r.loads = [5, 5, 5, 5]
+    assert route(r, v, "cccc") == 2
+    r.loads = [100, 30, 100, 30]  # imbalanced: first minimum in the order is worker 3
+    assert route(r, v, "dddd") == 3 and r.last_branch == "imbalanced"
+
+
+def test_seeded_worker_order_is_a_fixed_permutation_of_the_seed():
+    orders = set()
+    for seed in range(12):
+        r = CacheAwareRouter(match_on="text")
+        r.reset(make_views(4), seed=seed)
+        again = CacheAwareRouter(match_on="text")
+        again.reset(make_views(4), seed=seed)
+        assert r.order == again.order and sorted(r.order) == [0, 1, 2, 3]
+        orders.add(tuple(r.order))
+        assert r.select_worker(req("first"), make_views(4), 0.0) == r.order[0]
+    assert len(orders) > 3
+
+
+@pytest.mark.parametrize("bad", [[0, 0, 1], [0, 1], [0, 1, 5], "hash", [-1, 0]])
+def test_bad_worker_order(bad):
+    with pytest.raises(ValueError, match="worker_order"):
+        r = CacheAwareRouter(worker_order=bad)
+        r.reset(make_views(3), seed=0)
+
+
+def test_tie_break_is_rejected_with_a_pointer_to_worker_order():
+    with pytest.raises(ValueError, match="worker_order"):
+        CacheAwareRouter(tie_break="index")
 
 
 @pytest.mark.parametrize(
@@ -50,8 +101,8 @@ def test_cache_branch_goes_to_matched_worker():
     [
         ("abcdefghij", 0, "7/10 = 0.7 > 0.3: matched worker"),
         ("abcdXXXXXX", 0, "4/10 = 0.4 > 0.3: matched worker"),
-        ("abcXXXXXXX", 1, "3/10 = 0.3 is not > 0.3: smallest tree"),
-        ("abXXXXXXXX", 1, "2/10 < 0.3: smallest tree"),
+        ("abcXXXXXXX", 1, "3/10 = 0.3 is not > 0.3: least loaded"),
+        ("abXXXXXXXX", 1, "2/10 < 0.3: least loaded"),
     ],
 )
 def test_threshold_edges(query, expected, why):
@@ -97,31 +148,11 @@ def test_imbalanced_goes_to_first_minimum_and_still_inserts():
     assert route(r, v, "zzzzzzzzzz!") == 1
 
 
-def test_smallest_tenant_ties_index_and_random():
+def test_shared_node_tenant_is_its_creator():
     r, v = router(m=3)
-    assert [route(r, v, t) for t in ("aaaa", "bbbb", "cccc", "dddd")] == [0, 1, 2, 0]
-    picks = set()
-    for seed in range(20):
-        r = CacheAwareRouter(match_on="text", tie_break="random")
-        r.reset(make_views(3), seed=seed)
-        picks.add(r.select_worker(req("aaaa"), make_views(3), 0.0))
-    assert picks == {0, 1, 2}
-
-
-def test_shared_node_first_tenant_and_random_choice():
-    r, v = router(m=3)
-    r.tree.insert("abcdef", 2, 0.0)  # worker 2 reached the node first
-    r.tree.insert("abcdef", 1, 0.0)
+    r.tree.insert("abcdef", 2)  # worker 2 created the node
+    r.tree.insert("abcdef", 1)
     assert route(r, v, "abcdefgh") == 2
-    picks = set()
-    for seed in range(30):
-        r = CacheAwareRouter(match_on="text", tie_break="random")
-        v = make_views(3)
-        r.reset(v, seed=seed)
-        r.tree.insert("abcdef", 2, 0.0)
-        r.tree.insert("abcdef", 1, 0.0)
-        picks.add(r.select_worker(req("abcdefgh"), v, 0.0))
-    assert picks == {1, 2}
 
 
 def test_load_counter_follows_dispatch_and_completion():
@@ -143,11 +174,11 @@ def test_tree_trimming_every_interval_of_now():
     route(r, v, "cccccc", now=10.0)  # trims first (both workers over 5), then routes
     assert r.evictions_run == 1
     # Worker 0 held "aaaaaaaa"+"X" (9), worker 1 "bbbbbbbb" (8): both trimmed leaf by leaf to 0,
-    # then "cccccc" (no match) goes to the smallest tree, a tie resolved to worker 0.
-    assert r.tree.tenant_size == {0: 6, 1: 0}
+    # then "cccccc" (no match) goes to the least loaded worker (loads 2, 1): worker 1.
+    assert r.tree.tenant_size == {0: 0, 1: 6}
     route(r, v, "dd", now=35.0)  # t=20 and t=30 were missed: one trim, next deadline t=40
     assert r.evictions_run == 2 and r._next_eviction_s == 40.0
-    assert r.tree.tenant_size == {0: 2, 1: 0}
+    assert r.tree.tenant_size == {0: 2, 1: 0}  # "cccccc" trimmed; "dd" to worker 0 (loads 2, 2: first)
 
 
 def test_trimming_disabled_and_lru_choice():
@@ -164,16 +195,20 @@ def test_character_level_counts_characters_not_bytes():
     assert route(r, v, "ééxxxxxxxx") == 1
 
 
-def test_token_mode_matches_on_tokens():
+def test_token_mode_matches_ids_joined_by_spaces_in_characters():
     r, v = router(match_on="tokens")
-    base = list(range(100))
+    base = [1000 + i for i in range(100)]  # 4 digits + a space: 5 characters per token
     assert r.select_worker(make_request(1, base), v, 0.0) == 0
-    assert r.select_worker(make_request(2, base[:50] + [9999] * 50), v, 0.0) == 0  # 0.5
-    assert r.select_worker(make_request(3, base[:30] + [7777] * 70), v, 0.0) == 1  # 0.3, not > 0.3
-    assert r.tree.unit == 4
-    # Token 256 and token 0 share three of four bytes: the match stays on token boundaries.
-    m, _ = r.tree.prefix_match(token_key(np.array([256], dtype=np.int32)), 0.0)
-    assert m == 0
+    assert r.select_worker(make_request(2, base[:50] + [9999] * 50), v, 0.0) == 0  # ~0.5
+    assert r.select_worker(make_request(3, base[:30] + [7777] * 70), v, 0.0) == 0  # 150/499 > 0.3
+    assert r.last_branch == "hit"
+    assert r.select_worker(make_request(4, base[:29] + [7777] * 71), v, 0.0) == 1  # 145/499 <= 0.3
+    assert r.last_branch == "low_match_untied"
+    assert r.tree.tenant_size[1] == len(ids_key(base[:29] + [7777] * 71)) == 499
+    # The key is text: token 82 and token 823 share the characters "82".
+    assert r.tree.prefix_match(ids_key([823]))[0] == 0
+    r.tree.insert(ids_key([82]), 1)
+    assert r.tree.prefix_match(ids_key([823]))[0] == 2
 
 
 def test_auto_mode_and_missing_text():
@@ -195,7 +230,7 @@ def test_auto_mode_and_missing_text():
         {"cache_threshold": 1.5},
         {"balance_abs_threshold": -1},
         {"match_on": "bytes"},
-        {"tie_break": "hash"},
+        {"low_match": "smallest"},
         {"max_tree_size": -5},
     ],
 )

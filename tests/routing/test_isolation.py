@@ -21,7 +21,7 @@ from tests.routing.fakes import make_request, make_views, simple_cache_factory
 FACTORIES = {
     "random": RandomRouter,
     "round_robin": RoundRobinRouter,
-    "cache_aware": lambda: CacheAwareRouter(balance_abs_threshold=2, tie_break="random"),
+    "cache_aware": lambda: CacheAwareRouter(balance_abs_threshold=2),
     "cache_aware_text": lambda: CacheAwareRouter(match_on="text", eviction_interval_secs=0.5, max_tree_size=40),
     "lbgr_exact": lambda: LBGRRouter(tracker="exact"),
     "lbgr_approx": lambda: LBGRRouter(tracker="approximate", cache_factory=simple_cache_factory),

@@ -48,7 +48,7 @@ SECTION_KEYS = {
     "router_service": {"max_retries", "health_check_interval_s", "health_check_timeout_s",
                        "health_failure_threshold", "startup_health_timeout_s", "load_poll_interval_s",
                        "view_tracker", "stall_timeout_s", "max_body_bytes"},
-    "sglang_router": {"extra_args"},
+    "sglang_router": {"extra_args", "python"},
     "client": {"send_reference_output", "send_text"},
     "emulator": {"startup_delay_s", "fault", "faults"},
 }
@@ -96,6 +96,13 @@ def validate_cell(cfg: Mapping) -> list[str]:
     elif impl == "sglang_router" and router_name not in ("cache_aware", "random", "round_robin"):
         errs.append(f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
                     f"{router_name!r}: use router_impl=ours")
+    elif impl == "sglang_router" and router_name == "cache_aware":
+        interval = get_path(cfg, "router.eviction_interval_secs", 60)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 1 or interval != int(interval):
+            errs.append(f"router.eviction_interval_secs={interval!r}: sglang-router 0.3.2 needs a whole number "
+                        f"of seconds >= 1 (it cannot turn trimming off)")
+        if get_path(cfg, "router.low_match", "least_loaded") != "least_loaded":
+            errs.append("router.low_match: sglang-router 0.3.2 only has least_loaded (smallest_tree is <= 0.2.3)")
     if get_path(cfg, "router.tracker") == "exact":
         errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
                     "the live backend needs tracker=approximate")

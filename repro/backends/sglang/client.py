@@ -8,8 +8,8 @@ the start; asyncio, open loop: a slow reply never delays the next send) as SGLan
 (sglang.bench_serving's fixed-length mode), plus the prompt text when the workload has it
 (`send_text`): SGLang runs the ids, while text-matching routers (cache-aware, like the
 simulator's `match_on: auto` and the real sglang-router) route on the text. With `send_reference_output` the workload's recorded
-reply ids ride along (`repro_output_ids`): the emulated worker then generates exactly them, as
-the simulator assumes; SGLang ignores the key (a real model generates its own tokens, so in
+reply ids ride along (`custom_labels.repro_output_ids`, a field the real sglang-router forwards):
+the emulated worker then generates exactly them, as the simulator assumes; SGLang ignores the key (a real model generates its own tokens, so in
 multi-turn workloads the next turn's prompt — which holds the RECORDED reply — shares only the
 previous prompt with what the server cached; this is a real difference from the simulator).
 
@@ -20,8 +20,9 @@ Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need n
   the send behind the scheduled arrival is reported separately (`report["send_lag_s"]`).
 - prompt_tokens / output_tokens / cached_tokens: the server's meta_info (prompt_tokens,
   completion_tokens, cached_tokens) of the final event.
-- worker: the router's `X-Repro-Worker` header, -1 when the router does not send it (the real
-  sglang-router).
+- worker: the reply's `X-Repro-Worker` header (set by our router service and by the emulated
+  worker; the real sglang-router passes the worker's header through), -1 when absent (real
+  SGLang servers behind the real router).
 - failed: True for an HTTP error, an error event, a malformed or truncated stream, a connection
   failure, or a request that did not finish within `request_timeout_s` (wall seconds from its
   send); such rows keep arrival_s (the send time) and have NaN first_token_s / finish_s, zero

@@ -18,7 +18,7 @@ unless it has fallen more than MAX_LAG_WALL_S (20 ms) of wall time behind, in wh
 is dropped; when it is idle the clock catches up with the wall clock (x time_scale).
 
 Choices the real server makes differently (stated so no one mistakes this for SGLang):
-- Output tokens: the request's `repro_output_ids` (the workload's recorded reply, sent by our
+- Output tokens: the request's `custom_labels.repro_output_ids` (the workload's recorded reply, sent by our
   client) when present, else deterministic pseudo-random ids; exactly max_new_tokens of them
   (SGLang with ignore_eos does the same count). So prompt + reply paths — and hence the cache —
   are the ones the simulator sees.
@@ -436,9 +436,9 @@ class EmulatedWorker:
                 if isinstance(ev, BaseException):
                     return web.json_response(protocol.error_body(repr(ev), "internal", 500), status=500)
                 if ev["meta_info"]["finish_reason"] is not None:
-                    return web.json_response(ev)
+                    return web.json_response(ev, headers=self._served_by)
 
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", **self._served_by})
         await resp.prepare(request)
         try:
             if fault == "malformed":
@@ -458,6 +458,11 @@ class EmulatedWorker:
         except (ConnectionResetError, ConnectionError):  # client went away: the request still runs
             st.open = False
         return resp
+
+    @property
+    def _served_by(self) -> dict:
+        # which worker served it, for a client behind a router that does not say (the real one)
+        return {protocol.WORKER_HEADER: str(self.cfg.worker_id)}
 
     def make_app(self):
         from aiohttp import web

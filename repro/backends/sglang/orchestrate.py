@@ -222,13 +222,16 @@ def sglang_router_command(
     *,
     request_timeout_s: float,
     worker_startup_timeout_s: float,
+    prometheus_port: int,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """`python -m sglang_router.launch_router ...` (sglang-router 0.3.2 flags) for the cell's router.
 
     cache_aware passes our config's thresholds (same names and defaults as the Rust router);
-    match_on / tie_break have no Rust counterpart (the real router matches request text, or the
-    ids as decimal strings, and breaks ties by hash order).
+    match_on / low_match / worker_order have no Rust counterpart (the real router matches the
+    request text, or the ids as decimal strings, and its load ties follow its registry order).
+    Its Prometheus endpoint (default 0.0.0.0:29000, where a second router on the node would
+    collide and panic) goes to `prometheus_port` on `host`.
     """
     name = str(router_cfg.get("name"))
     if name not in SGLANG_ROUTER_POLICIES:
@@ -237,7 +240,8 @@ def sglang_router_command(
             f"(use router_impl=ours)"
         )
     cmd = [python, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-           "--worker-urls", *worker_urls, "--policy", name]
+           "--worker-urls", *worker_urls, "--policy", name,
+           "--prometheus-host", host, "--prometheus-port", str(prometheus_port)]
     if name == "cache_aware":
         cmd += [
             "--cache-threshold", f"{float(router_cfg.get('cache_threshold', 0.3)):g}",
@@ -390,13 +394,16 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
                              os.path.join(log_dir, "router.log"), f"{router_url}/health", path, config)
     else:
         sr = dict(b.get("sglang_router") or {})
+        prometheus_port = next(p for p in free_ports(m + 2, host) if p not in ports)
         cmd = sglang_router_command(
-            python, host, router_port, worker_urls, cfg["router"],
+            str(sr.get("python") or python), host, router_port, worker_urls, cfg["router"],
             request_timeout_s=request_timeout_s,
             worker_startup_timeout_s=float(timeouts.get("router_start_s", 60)),
+            prometheus_port=prometheus_port,
             extra_args=list(sr.get("extra_args") or []),
         )
-        router = ProcessSpec("sglang_router", cmd, {}, os.path.join(log_dir, "router.log"), f"{router_url}/health")
+        # /readiness, not /health: the real router answers /health before any worker is registered
+        router = ProcessSpec("sglang_router", cmd, {}, os.path.join(log_dir, "router.log"), f"{router_url}/readiness")
 
     client = dict(b.get("client") or {})
     send_ref = client.get("send_reference_output", "auto")

@@ -20,23 +20,27 @@ Facts taken from sglang 0.5.23 (`srt/entrypoints/http_server.py`, `srt/managers/
 - Errors: HTTP 4xx/5xx with `{"error": {"message": ...}}`, or, inside a stream, an event
   `data: {"error": {"message", "type", "code", ...}}` followed by `[DONE]`.
 
-Our one extension: `repro_output_ids` (list of int) in the request — the token ids the workload
-recorded as the reply. Only the emulated worker reads it (so it produces exactly the tokens the
-simulator assumes); SGLang ignores it. The router service adds the header `X-Repro-Worker`
-(worker index that served the request) to its replies.
+Our one extension: the token ids the workload recorded as the reply, as decimal ids joined by
+commas under `custom_labels["repro_output_ids"]`. Only the emulated worker reads it (so it
+produces exactly the tokens the simulator assumes). It rides in `custom_labels` (a map of
+strings) because that is a field sglang-router 0.3.2 keeps when it re-serializes the request
+body into its typed `GenerateRequest`: unknown top-level keys are dropped there. The emulated
+worker, and our router service, add the header `X-Repro-Worker` (index of the worker that
+served the request) to their replies; the real router passes a worker's headers through.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
-OUTPUT_IDS_KEY = "repro_output_ids"  # our extension (emulated worker only)
+OUTPUT_IDS_KEY = "repro_output_ids"  # our extension, a key of custom_labels (emulated worker only)
 WORKER_HEADER = "X-Repro-Worker"
 DONE = "[DONE]"
 # Largest SSE line the readers accept (bytes): a cumulative output_ids list of ~100k tokens.
@@ -119,18 +123,29 @@ def parse_generate_request(body: Any) -> GenerateInput:
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise ProtocolError(f"rid must be a string, got {rid!r}")
-    ref = body.get(OUTPUT_IDS_KEY)
-    reference = None
-    if ref is not None:
-        reference = _int_list(ref, OUTPUT_IDS_KEY)
+    reference = _reference_output_ids(body.get("custom_labels"))
     return GenerateInput(input_ids, text, int(max_new), stream, rid, reference, body)
+
+
+def _reference_output_ids(labels: Any) -> np.ndarray | None:
+    if labels is None:
+        return None
+    if not isinstance(labels, dict):
+        raise ProtocolError(f"custom_labels must be a JSON object, got {type(labels).__name__}")
+    ref = labels.get(OUTPUT_IDS_KEY)
+    if ref is None:
+        return None
+    where = f"custom_labels.{OUTPUT_IDS_KEY}"
+    if not isinstance(ref, str) or not re.fullmatch(r"\d+(,\d+)*", ref):
+        raise ProtocolError(f"{where} must be token ids joined by commas, got {str(ref)[:60]!r}")
+    return _int_list([int(t) for t in ref.split(",")], where)
 
 
 # What the router service forwards (sglang 0.5.23 `GenerateReqInput` / `SamplingParams` fields a
 # text-only LLM request uses). Anything else is refused with a 400 naming it: a typo'd option would
 # otherwise be ignored by SGLang without a word, and a junk field would ride along to every worker.
 FORWARDED_KEYS = frozenset({
-    "text", "input_ids", "sampling_params", "stream", "rid", OUTPUT_IDS_KEY,
+    "text", "input_ids", "sampling_params", "stream", "rid", "custom_labels",
     "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
 })
 SAMPLING_KEYS = frozenset({
@@ -185,7 +200,8 @@ def generate_body(
     if rid is not None:
         body["rid"] = rid
     if reference_output_ids is not None:
-        body[OUTPUT_IDS_KEY] = [int(t) for t in np.asarray(reference_output_ids).tolist()]
+        ids = np.asarray(reference_output_ids).tolist()
+        body["custom_labels"] = {OUTPUT_IDS_KEY: ",".join(map(str, ids))}
     return body
 
 
