@@ -1,8 +1,8 @@
 """Online linear regressors for LBGR's per-worker residual model r_i = theta_i . phi.
 
 All workers' parameters live in one (M, d) array (`theta`), mirrored as Python lists
-(`theta_rows`, refreshed on every update) for the per-decision loop, where M small dot
-products in plain Python beat numpy's per-call overhead.
+(`theta_rows`) for the per-decision loop, where M small dot products in plain Python beat
+numpy's per-call overhead at small M.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class RLSLearner:
         """phi: (M, d), one feature row per worker -> (M,) residuals."""
         return np.einsum("ij,ij->i", self.theta, phi)
 
-    def update(self, worker: int, phi: np.ndarray, y: float) -> None:
+    def update(self, worker: int, phi, y: float) -> None:
+        phi = np.asarray(phi, dtype=float)
         P = self.P[worker]
         theta = self.theta[worker]
         p_phi = P @ phi
@@ -55,6 +56,16 @@ class RLSLearner:
         if np.trace(P_new) / self.lam <= self.max_trace:
             P_new /= self.lam
         self.P[worker] = P_new
+
+
+try:  # the gufunc behind np.linalg.inv, without its per-call errstate context (same LAPACK call)
+    from numpy.linalg._umath_linalg import inv as _inv_gufunc
+
+    def _inv(a: np.ndarray) -> np.ndarray:
+        return _inv_gufunc(a, signature="d->d")
+
+except ImportError:  # pragma: no cover - a numpy without the private module
+    _inv = np.linalg.inv
 
 
 class RidgeRLSLearner:
@@ -71,9 +82,16 @@ class RidgeRLSLearner:
     still gets its own coefficients given enough samples.
 
     Choices not in the paper. Kept as D_i = sum lambda^.. phi phi', c_i = sum lambda^.. y phi;
-    theta_i = K_i (c_i + delta prior), K_i = (D_i + delta I)^-1 (inverted for the updated worker
-    only; the moving prior updates every theta_i through one batched mat-vec). Runs on
-    completions, off the routing path.
+    theta_i = K_i (c_i + delta prior), K_i = (D_i + delta I)^-1.
+
+    Cost (docs/ALGORITHMS.md "LBGR cost"): `update` is the rank-one information-form update
+    of D_i, c_i (and the pool's) in plain floats, O(d^2), no matrix work; theta is solved lazily
+    when it is next read (`theta`, `theta_rows`: the next routing decision), with ONE batched
+    inverse for every worker updated since and the pool. Why not Sherman-Morrison on K_i: the
+    prior term delta I does not fade while D_i does, so D_i + delta I changes by
+    phi phi' + (lambda - 1) D_i per sample, not by a rank-one term; an exact K_i update is not
+    rank-one. The lazy solve computes exactly what a solve after every update computed
+    (same operations on the same D_i, c_i): results are bit-identical to it.
     """
 
     def __init__(
@@ -91,60 +109,115 @@ class RidgeRLSLearner:
             raise ValueError(
                 f"regularization and pool_regularization must be > 0, got {regularization}, {pool_regularization}"
             )
+        self.dim = dim
         self.lam = float(forgetting_factor)
         self.delta = float(regularization)
         self.pooled = bool(pooled)
         self.pool_delta = float(pool_regularization)
         self.pool_lam = self.lam ** (1.0 / num_workers)
-        self.D = np.zeros((num_workers, dim, dim))
-        self.c = np.zeros((num_workers, dim))
-        self.pool_D = np.zeros((dim, dim))
-        self.pool_c = np.zeros(dim)
+        # Information form in plain floats (row-major d x d lists): the update is ~d^2 float ops,
+        # cheaper than numpy calls on 4 x 4 arrays; the same IEEE operations numpy did.
+        self._D = [[0.0] * (dim * dim) for _ in range(num_workers)]
+        self._c = [[0.0] * dim for _ in range(num_workers)]
+        self._pool_D = [0.0] * (dim * dim)
+        self._pool_c = [0.0] * dim
         self._delta_eye = np.eye(dim) * self.delta
         self._pool_delta_eye = np.eye(dim) * self.pool_delta
-        self._stack = np.zeros((2, dim, dim))  # both systems, inverted in one call
         self.prior = np.zeros(dim)
         self.K = np.tile(np.eye(dim) / self.delta, (num_workers, 1, 1))  # (D_i + delta I)^-1
         self.Kc = np.zeros((num_workers, dim))  # K_i c_i
-        self.theta = np.zeros((num_workers, dim))
-        self.theta_rows = self.theta.tolist()  # Python copy for the routing hot path
+        self._theta = np.zeros((num_workers, dim))
+        self._rows = self._theta.tolist()
+        self._dirty: list[int] = []  # workers updated since the last solve (distinct)
+        self._stale = False
+
+    @property
+    def D(self) -> np.ndarray:
+        d = self.dim
+        return np.array(self._D).reshape(-1, d, d)
+
+    @property
+    def c(self) -> np.ndarray:
+        return np.array(self._c)
+
+    @property
+    def theta(self) -> np.ndarray:
+        """(M, d) coefficients, solved for the samples so far."""
+        if self._stale:
+            self._solve()
+        return self._theta
+
+    @property
+    def theta_rows(self) -> list[list[float]]:
+        """`theta` as Python lists (the routing hot path)."""
+        if self._stale:
+            self._solve()
+        return self._rows
+
+    @theta_rows.setter
+    def theta_rows(self, rows) -> None:  # tests set coefficients by hand
+        self._rows = rows
 
     def predict(self, phi: np.ndarray) -> np.ndarray:
         """phi: (M, d), one feature row per worker -> (M,) residuals."""
         return np.einsum("ij,ij->i", self.theta, phi)
 
-    def update(self, worker: int, phi: np.ndarray, y: float) -> None:
-        outer = np.outer(phi, phi)
-        D = self.D[worker]
-        D *= self.lam
-        D += outer
-        c = self.c[worker]
-        c *= self.lam
-        c += y * phi
-        # theta_i = K_i (c_i + delta prior), K_i = (D_i + delta I)^-1: only worker i's K changes
-        # here; the prior moves every worker's theta through one batched mat-vec.
+    def update(self, worker: int, phi, y: float) -> None:
+        """One sample (phi, y) of `worker`: D = lambda D + phi phi', c = lambda c + y phi (and the pool's)."""
+        d = self.dim
+        phi = [float(x) for x in phi]
+        y = float(y)
+        lam = self.lam
+        D = self._D[worker]
+        pD = self._pool_D
+        plam = self.pool_lam
+        pooled = self.pooled
+        for j in range(d):
+            pj = phi[j]
+            row = j * d
+            for k in range(j, d):
+                o = pj * phi[k]
+                v = D[row + k] * lam + o
+                D[row + k] = v
+                D[k * d + j] = v  # exactly symmetric: the same operations on equal operands
+                if pooled:
+                    v = pD[row + k] * plam + o
+                    pD[row + k] = v
+                    pD[k * d + j] = v
+        c = self._c[worker]
+        pc = self._pool_c
+        for j in range(d):
+            yp = y * phi[j]
+            c[j] = c[j] * lam + yp
+            if pooled:
+                pc[j] = pc[j] * plam + yp
+        if worker not in self._dirty:
+            self._dirty.append(worker)
+        self._stale = True
+
+    def _solve(self) -> None:
+        """theta for the current D, c: one batched inverse for the updated workers (+ the pool)."""
+        d = self.dim
+        dirty = self._dirty
+        mats = np.array([self._D[w] for w in dirty]).reshape(-1, d, d)
+        np.add(mats, self._delta_eye, out=mats)
         if self.pooled:
-            pD = self.pool_D
-            pD *= self.pool_lam
-            pD += outer
-            pc = self.pool_c
-            pc *= self.pool_lam
-            pc += y * phi
-            stack = self._stack
-            np.add(D, self._delta_eye, out=stack[0])
-            np.add(pD, self._pool_delta_eye, out=stack[1])
-            K, pool_K = np.linalg.inv(stack)
-            self.K[worker] = K
-            self.Kc[worker] = K @ c
-            self.prior = pool_K @ pc
-            self.theta = self.Kc + self.delta * (self.K @ self.prior)
-            self.theta_rows = self.theta.tolist()
+            pool = np.array(self._pool_D).reshape(1, d, d)
+            np.add(pool, self._pool_delta_eye, out=pool)
+            mats = np.concatenate([mats, pool])
+        inv = _inv(mats)
+        K, Kc = self.K, self.Kc
+        for i, w in enumerate(dirty):
+            K[w] = inv[i]
+            Kc[w] = inv[i] @ np.array(self._c[w])
+        if self.pooled:
+            self.prior = inv[-1] @ np.array(self._pool_c)
+            self._theta = Kc + self.delta * (K @ self.prior)
         else:
-            K = np.linalg.inv(D + self._delta_eye)
-            self.K[worker] = K
-            self.Kc[worker] = K @ c
-            self.theta[worker] = self.Kc[worker]
-            self.theta_rows[worker] = self.theta[worker].tolist()
+            self._theta[dirty] = Kc[dirty]
+        self._rows = self._theta.tolist()
+        dirty.clear()
+        self._stale = False
 
 
 class SGDLearner:
@@ -160,7 +233,8 @@ class SGDLearner:
     def predict(self, phi: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", self.theta, phi)
 
-    def update(self, worker: int, phi: np.ndarray, y: float) -> None:
+    def update(self, worker: int, phi, y: float) -> None:
+        phi = np.asarray(phi, dtype=float)
         theta = self.theta[worker]
         theta += self.lr * (y - theta @ phi) * phi
         self.theta_rows[worker] = theta.tolist()
