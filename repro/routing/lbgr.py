@@ -237,8 +237,15 @@ class LBGRRouter(Router):
         classes: dict[tuple, list[int]] = {}
         for i, (cm, cap) in enumerate(zip(self._cost_models, self.capacity)):
             classes.setdefault((id(cm), cap), []).append(i)
-        self._classes = [(self._cost_models[idx[0]], cap, np.array(idx)) for (_, cap), idx in classes.items()]
+        self._classes = [(self._cost_models[idx[0]], cap, idx) for (_, cap), idx in classes.items()]
+        self._class_of = [0] * m
+        for c, (_, _, idx) in enumerate(self._classes):
+            for i in idx:
+                self._class_of[i] = c
         self._vector = m >= VECTOR_MIN_WORKERS
+        self._zeros, self._ones = np.zeros(m), np.ones(m)
+        # (class, hit, prompt length) -> prefill seconds; (class, -b, prompt length) -> decode step
+        self._step_memo: dict[tuple, float] = {}
         self.caches = None
         self.tracker_state: ApproximateTracker | None = None
         if self.tracker == "approximate":
@@ -278,93 +285,100 @@ class LBGRRouter(Router):
             return 1
         return max(1, int(self.capacity[worker] // (prompt_len + out_len)))
 
-    def _service_fn(self, prompt_len: int, out_len: float):
-        """S(worker, hit) for this request, memoised per (worker class, hit, decode batch)."""
+    def _decode_shares(self, prompt_len: int, out_len: float) -> list[float]:
+        """Per worker class: the request's 1/b share of (o - 1) decode steps at batch b."""
         decode_steps = max(out_len - 1.0, 0.0)
+        if not decode_steps > 0:
+            return [0.0] * len(self._classes)
         batch1 = self.service_model == "batch1"
         per = prompt_len + out_len
-        cms, caps = self._cost_models, self.capacity
-        memo: dict[tuple, float] = {}
+        memo = self._step_memo
+        out = []
+        for c, (cm, cap, _) in enumerate(self._classes):
+            b = 1 if batch1 else max(1, int(cap // per))  # decode_batch(), inlined
+            dt = memo.get((c, -b, prompt_len))
+            if dt is None:
+                dt = self._memo_put((c, -b, prompt_len), cm.decode_time_s(b, b * prompt_len))
+            out.append(decode_steps * dt / b)
+        return out
 
-        def service(i: int, hit: int) -> float:
-            cm = cms[i]
-            b = 1 if batch1 else max(1, int(caps[i] // per))  # decode_batch(), inlined
-            s = memo.get((id(cm), hit, b))
-            if s is None:
-                d = memo.get((id(cm), -1, b))
-                if d is None:  # the request's 1/b share of (o - 1) decode steps at batch b
-                    d = decode_steps * cm.decode_time_s(b, b * prompt_len) / b if decode_steps > 0 else 0.0
-                    memo[(id(cm), -1, b)] = d
-                s = cm.prefill_time_s(prompt_len - hit, hit) + d
-                memo[(id(cm), hit, b)] = s
-            return s
+    def _prefill(self, c: int, prompt_len: int, hit: int) -> float:
+        """Prefill of the prompt's miss on top of `hit` cached tokens on class c (memoised)."""
+        pf = self._step_memo.get((c, hit, prompt_len))
+        if pf is None:
+            pf = self._memo_put((c, hit, prompt_len), self._classes[c][0].prefill_time_s(prompt_len - hit, hit))
+        return pf
 
-        return service
+    def _memo_put(self, key: tuple, value: float) -> float:
+        memo = self._step_memo
+        if len(memo) >= 1 << 16:  # bounded: prompt lengths and hits vary on long-context workloads
+            memo.clear()
+        memo[key] = value
+        return value
 
     def _predict_loop(self, hits: list[int], prompt_len: int, out_len: float):
         """S and E per worker as Python lists: a plain loop (small M)."""
-        service_of = self._service_fn(prompt_len, out_len)
+        shares = self._decode_shares(prompt_len, out_len)
         loads = self.load_est.tolist()
-        rows = self.learner.theta_rows if self.learner is not None else None
         ts, ls = self.token_scale, self.load_scale_s
+        prefill = self._prefill
+        if len(shares) == 1:  # one class: S depends on the hit only
+            d = shares[0]
+            by_hit: dict[int, float] = {}
+            service = []
+            for hit in hits:
+                s = by_hit.get(hit)
+                if s is None:
+                    s = by_hit[hit] = prefill(0, prompt_len, hit) + d
+                service.append(s)
+        else:
+            cls = self._class_of
+            service = [prefill(cls[i], prompt_len, hit) + shares[cls[i]] for i, hit in enumerate(hits)]
+        if self.learner is None:
+            return service, [s + p for s, p in zip(service, loads)]
         t3_min = self._theta3_min
-        service: list[float] = []
-        predicted: list[float] = []
-        for i in range(len(hits)):
-            hit = hits[i]
-            s = service_of(i, hit)
-            p = loads[i]
-            e = s + p
-            if rows is not None:
-                t0, t1, t2, t3 = rows[i]
-                if t3 < t3_min:
-                    t3 = t3_min
-                e = e + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls))
-            service.append(s)
-            predicted.append(e)
+        predicted = []
+        for hit, s, p, (t0, t1, t2, t3) in zip(hits, service, loads, self.learner.theta_rows):
+            if t3 < t3_min:
+                t3 = t3_min
+            predicted.append(s + p + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls)))
         return service, predicted
 
-    def _predict_vector(self, ws: list[int], hs: list[int], prompt_len: int, out_len: float):
-        """E per worker as one numpy array (large M), and S: (E, S of a non-holder per worker
-        (array or scalar), {holder: S}). The same expression per worker as _predict_loop: a
-        non-holder (hit 0) has t1 * (0 / ts) = +-0 added to t0, which changes no sum that ends
-        in S + P > 0; holders (few) are evaluated one by one and written in."""
-        service_of = self._service_fn(prompt_len, out_len)
-        if len(self._classes) == 1:
-            s0 = service_of(0, 0)
-        else:
-            s0 = np.empty(self.num_workers)
-            for _, _, idx in self._classes:
-                s0[idx] = service_of(int(idx[0]), 0)
-        load = self.load_est
-        ts, ls = self.token_scale, self.load_scale_s
-        e = s0 + load
-        held = {}
-        if self.learner is None:
-            for w, hit in zip(ws, hs):
-                s = held[w] = service_of(w, hit)
-                e[w] = s + float(load[w])
-            return e, s0, held
-        theta = self.learner.theta
-        t3 = np.maximum(theta[:, 3], self._theta3_min)
-        e += (theta[:, 0] + theta[:, 2] * (prompt_len / ts)) + t3 * (load / ls)
-        rows = self.learner.theta_rows
-        t3_min = self._theta3_min
-        for w, hit in zip(ws, hs):
-            s = held[w] = service_of(w, hit)
-            p = float(load[w])
-            t0, t1, t2, t3w = rows[w]
-            if t3w < t3_min:
-                t3w = t3_min
-            e[w] = s + p + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3w * (p / ls))
-        return e, s0, held
-
-    def _holders(self, key: bytes, workers: Sequence[WorkerView]) -> tuple[list[int], list[int]]:
+    def _predict_vector(self, key: bytes, workers: Sequence[WorkerView], prompt_len: int, out_len: float):
+        """(E, S, h) per worker as numpy arrays (large M): a fixed number of numpy calls plus one
+        per holder level of the shared index; the same IEEE expression per worker as _predict_loop."""
+        shares = self._decode_shares(prompt_len, out_len)
+        prefill = self._prefill
+        single = len(shares) == 1
+        cls = self._class_of
         if self.tracker_state is not None:
-            return self.tracker_state.index.holder_hits(key)
-        hits = [w.peek_prefix(key) for w in workers]
-        ws = [i for i, h in enumerate(hits) if h]
-        return ws, [hits[i] for i in ws]
+            index = self.tracker_state.index
+            h = self._zeros.copy()
+            if single:
+                s_arr = self._ones * (prefill(0, prompt_len, 0) + shares[0])
+            else:
+                s_arr = np.array([prefill(c, prompt_len, 0) + shares[c] for c in cls])
+            for t, mask in index.levels(key):
+                idx = index.holders(mask)
+                h[idx] = t
+                if single:
+                    s_arr[idx] = prefill(0, prompt_len, t) + shares[0]
+                else:
+                    s_arr[idx] = [prefill(cls[i], prompt_len, t) + shares[cls[i]] for i in idx.tolist()]
+        else:
+            hits = [w.peek_prefix(key) for w in workers]
+            h = np.array(hits, dtype=float)
+            s_arr = np.array([prefill(cls[i], prompt_len, x) + shares[cls[i]] for i, x in enumerate(hits)])
+        load = self.load_est
+        e = s_arr + load
+        if self.learner is not None:
+            theta = self.learner.theta
+            ts = self.token_scale
+            r = theta[:, 0] + theta[:, 1] * (h / ts)
+            r += theta[:, 2] * ((prompt_len - h) / ts)
+            r += np.maximum(theta[:, 3], self._theta3_min) * (load / self.load_scale_s)
+            e += r
+        return e, s_arr, h
 
     def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
         """Decay, then (key, hits, S, E) per worker as Python lists (either evaluation path)."""
@@ -376,14 +390,8 @@ class LBGRRouter(Router):
             hits = self.tracked_hits(key, workers)
             service, predicted = self._predict_loop(hits, prompt_len, out_len)
             return key, hits, service, predicted
-        ws, hs = self._holders(key, workers)
-        e, s0, held = self._predict_vector(ws, hs, prompt_len, out_len)
-        hits = [0] * self.num_workers
-        service = np.broadcast_to(np.asarray(s0, dtype=float), (self.num_workers,)).tolist()
-        for w, h in zip(ws, hs):
-            hits[w] = h
-            service[w] = held[w]
-        return key, hits, service, e.tolist()
+        e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
+        return key, [int(x) for x in h.tolist()], s_arr.tolist(), e.tolist()
 
     def features(self, hit: int, prompt_len: int, load_s: float) -> np.ndarray:
         """phi = [1, hit / token_scale, miss / token_scale, load / load_scale_s]."""
@@ -408,18 +416,12 @@ class LBGRRouter(Router):
         out_len = self.expected_output_len(request)
         load = self.load_est
         if self._vector:
-            ws, hs = self._holders(key, workers)
-            e, s0, held = self._predict_vector(ws, hs, prompt_len, out_len)
+            e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
             worker = int(e.argmin())
-            best = e[worker]
-            if np.count_nonzero(e == best) > 1:  # ties -> lower load, then lower id
-                tied = np.flatnonzero(e == best).tolist()
-                worker = min(tied, key=lambda i: (load[i], i))
-            if worker in held:
-                s, hit = held[worker], hs[ws.index(worker)]
-            else:
-                s, hit = (s0 if np.ndim(s0) == 0 else float(s0[worker])), 0
-            p = float(load[worker])
+            tied = e == e[worker]
+            if np.count_nonzero(tied) > 1:  # ties -> lower load, then lower id
+                worker = min(np.flatnonzero(tied).tolist(), key=lambda i: (load[i], i))
+            s, p, hit = float(s_arr[worker]), float(load[worker]), int(h[worker])
         else:
             hits = self.tracked_hits(key, workers)
             service, predicted = self._predict_loop(hits, prompt_len, out_len)

@@ -85,13 +85,15 @@ class RidgeRLSLearner:
     theta_i = K_i (c_i + delta prior), K_i = (D_i + delta I)^-1.
 
     Cost (docs/ALGORITHMS.md "LBGR cost"): `update` is the rank-one information-form update
-    of D_i, c_i (and the pool's) in plain floats, O(d^2), no matrix work; theta is solved lazily
-    when it is next read (`theta`, `theta_rows`: the next routing decision), with ONE batched
-    inverse for every worker updated since and the pool. Why not Sherman-Morrison on K_i: the
+    of D_i, c_i (and the pool's) in plain floats, O(d^2), then one inverse call for the updated
+    worker and the pool (a single gufunc call, no errstate context). With `lazy=True` theta is
+    solved when it is next read instead, one batched inverse for every worker updated since and
+    the pool (fewer solves when completions come in bursts, but the solve then lands on the
+    routing path; LBGR keeps the default). Why not Sherman-Morrison on K_i: the
     prior term delta I does not fade while D_i does, so D_i + delta I changes by
     phi phi' + (lambda - 1) D_i per sample, not by a rank-one term; an exact K_i update is not
-    rank-one. The lazy solve computes exactly what a solve after every update computed
-    (same operations on the same D_i, c_i): results are bit-identical to it.
+    rank-one. Either way the solve computes exactly what np.linalg.inv after every update
+    computed (same operations on the same D_i, c_i): results are bit-identical to it.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class RidgeRLSLearner:
         regularization: float = 500.0,
         pooled: bool = True,
         pool_regularization: float = 3.0,
+        lazy: bool = False,
     ) -> None:
         if not 0.0 < forgetting_factor <= 1.0:
             raise ValueError(f"forgetting_factor must be in (0, 1], got {forgetting_factor}")
@@ -128,8 +131,15 @@ class RidgeRLSLearner:
         self.Kc = np.zeros((num_workers, dim))  # K_i c_i
         self._theta = np.zeros((num_workers, dim))
         self._rows = self._theta.tolist()
+        self._eyes = np.stack([self._delta_eye, self._pool_delta_eye])  # one worker + the pool
         self._dirty: list[int] = []  # workers updated since the last solve (distinct)
         self._stale = False
+        # lazy: solve when theta is next read (batches the completions between two decisions);
+        # else at every update (keeps the solve off the routing path: LBGR's default).
+        self.lazy = bool(lazy)
+
+    def _eye_stack(self, k: int) -> np.ndarray:
+        return np.concatenate([np.broadcast_to(self._delta_eye, (k, self.dim, self.dim)), self._pool_delta_eye[None]])
 
     @property
     def D(self) -> np.ndarray:
@@ -194,17 +204,19 @@ class RidgeRLSLearner:
         if worker not in self._dirty:
             self._dirty.append(worker)
         self._stale = True
+        if not self.lazy:
+            self._solve()
 
     def _solve(self) -> None:
         """theta for the current D, c: one batched inverse for the updated workers (+ the pool)."""
         d = self.dim
         dirty = self._dirty
-        mats = np.array([self._D[w] for w in dirty]).reshape(-1, d, d)
-        np.add(mats, self._delta_eye, out=mats)
         if self.pooled:
-            pool = np.array(self._pool_D).reshape(1, d, d)
-            np.add(pool, self._pool_delta_eye, out=pool)
-            mats = np.concatenate([mats, pool])
+            mats = np.array([self._D[w] for w in dirty] + [self._pool_D]).reshape(-1, d, d)
+            np.add(mats, self._eyes if len(dirty) == 1 else self._eye_stack(len(dirty)), out=mats)
+        else:
+            mats = np.array([self._D[w] for w in dirty]).reshape(-1, d, d)
+            np.add(mats, self._delta_eye, out=mats)
         inv = _inv(mats)
         K, Kc = self.K, self.Kc
         for i, w in enumerate(dirty):

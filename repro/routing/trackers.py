@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from repro.kvcache.radix_cache import RadixCache, _common_prefix_bytes
 
 
@@ -96,50 +98,63 @@ class SharedPrefixIndex:
         self.root = _Node(b"", None)
         self.root.mask = (1 << num_workers) - 1
         self.inflight_size = 0  # prompts in flight
+        self._idx: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ lookups
-    def holder_hits(self, key: bytes) -> tuple[list[int], list[int]]:
-        """(workers, hits) for the workers with h_i > 0, in no particular order; one walk."""
-        ws: list[int] = []
-        hs: list[int] = []
+    def levels(self, key: bytes) -> list[tuple[int, int]]:
+        """The holders along key's path, one walk: [(t_1, mask_1), ..., (t_k, mask_k)], t
+        increasing, masks strictly nested (mask_{j+1} a proper subset of mask_j, none empty):
+        worker i's hit is t_j for the last j with bit i in mask_j (0 if in none)."""
+        out: list[tuple[int, int]] = []
         children = self.root.children
         pos, n = 0, len(key)
-        prev = 0  # holders of the previous node on the walk
-        t_prev = 0  # its end, in tokens
+        prev = 0
         while pos < n:
             child = children.get(key[pos : pos + 4])
             if child is None:
                 break
             ck = child.key
             mask = child.mask
-            dropped = prev & ~mask  # they hold the parent, not this node: their hit ends at t_prev
-            while dropped:
-                low = dropped & -dropped
-                ws.append(low.bit_length() - 1)
-                hs.append(t_prev)
-                dropped ^= low
+            if mask != prev and prev:
+                out.append((pos >> 2, prev))  # prev's holders end where this node starts
             prev = mask
             if key.startswith(ck, pos):
                 pos += len(ck)
-                t_prev = pos >> 2
                 children = child.children
             else:
-                t_prev = (pos + _common_prefix_bytes(key, pos, ck)) >> 2
+                pos += _common_prefix_bytes(key, pos, ck)
                 break
-        while prev:
-            low = prev & -prev
-            ws.append(low.bit_length() - 1)
-            hs.append(t_prev)
-            prev ^= low
-        return ws, hs
+        if prev:
+            out.append((pos >> 2, prev))
+        return out
 
     def hits(self, key: bytes) -> list[int]:
         """h_i for every worker i (0 where it holds nothing of the key)."""
         out = [0] * self.num_workers
-        ws, hs = self.holder_hits(key)
-        for w, h in zip(ws, hs):
-            out[w] = h
+        lv = self.levels(key)
+        for j, (t, mask) in enumerate(lv):
+            if j + 1 < len(lv):
+                mask &= ~lv[j + 1][1]  # the holders whose hit ends here
+            while mask:
+                low = mask & -mask
+                out[low.bit_length() - 1] = t
+                mask ^= low
         return out
+
+    def holders(self, mask: int) -> "np.ndarray":
+        """The workers of a holder mask as an index array (memoised: the same masks recur)."""
+        idx = self._idx.get(mask)
+        if idx is None:
+            if len(self._idx) > 4096:
+                self._idx.clear()
+            bits = []
+            m = mask
+            while m:
+                low = m & -m
+                bits.append(low.bit_length() - 1)
+                m ^= low
+            idx = self._idx[mask] = np.array(bits, dtype=np.intp)
+        return idx
 
     def inflight_hits(self, key: bytes) -> list[int]:
         """Per worker, the longest common prefix of `key` with its in-flight prompts only (tests)."""
