@@ -243,6 +243,7 @@ class LBGRRouter(Router):
             for i in idx:
                 self._class_of[i] = c
         self._vector = m >= VECTOR_MIN_WORKERS
+        self._columns = None  # (learner, version, theta columns) of the numpy path
         self._zeros, self._ones = np.zeros(m), np.ones(m)
         # (class, hit, prompt length) -> prefill seconds; (class, -b, prompt length) -> decode step
         self._step_memo: dict[tuple, float] = {}
@@ -372,13 +373,30 @@ class LBGRRouter(Router):
         load = self.load_est
         e = s_arr + load
         if self.learner is not None:
-            theta = self.learner.theta
-            ts = self.token_scale
-            r = theta[:, 0] + theta[:, 1] * (h / ts)
-            r += theta[:, 2] * ((prompt_len - h) / ts)
-            r += np.maximum(theta[:, 3], self._theta3_min) * (load / self.load_scale_s)
+            t0, t1, t2, t3 = self._theta_columns()
+            ts, ls = self.token_scale, self.load_scale_s
+            r = t0 + t1 * (h / ts)
+            r += t2 * ((prompt_len - h) / ts)
+            r += t3 * (load if ls == 1.0 else load / ls)  # p / 1.0 == p exactly
             e += r
         return e, s_arr, h
+
+    def _theta_columns(self):
+        """theta's columns as contiguous arrays, theta3 floored (cached per learner version)."""
+        learner = self.learner
+        version = getattr(learner, "version", None)
+        cached = self._columns
+        if version is not None and cached is not None and cached[0] is learner and cached[1] == version:
+            return cached[2]
+        theta = learner.theta
+        cols = (
+            np.ascontiguousarray(theta[:, 0]),
+            np.ascontiguousarray(theta[:, 1]),
+            np.ascontiguousarray(theta[:, 2]),
+            np.maximum(theta[:, 3], self._theta3_min),
+        )
+        self._columns = (learner, version, cols)
+        return cols
 
     def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
         """Decay, then (key, hits, S, E) per worker as Python lists (either evaluation path)."""

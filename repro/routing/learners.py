@@ -37,6 +37,7 @@ class RLSLearner:
         self.max_trace = float(max_trace)
         self.theta = np.zeros((num_workers, dim))
         self.theta_rows = self.theta.tolist()  # Python copy for the routing hot path
+        self.version = 0  # bumped whenever theta changes
         self.P = np.tile(np.eye(dim) * float(init_var), (num_workers, 1, 1))
 
     def predict(self, phi: np.ndarray) -> np.ndarray:
@@ -51,6 +52,7 @@ class RLSLearner:
         gain = p_phi / (self.lam + phi @ p_phi)
         theta += gain * (y - theta @ phi)
         self.theta_rows[worker] = theta.tolist()
+        self.version += 1
         P_new = P - np.outer(gain, p_phi)
         P_new = 0.5 * (P_new + P_new.T)  # keep it symmetric against rounding drift
         if np.trace(P_new) / self.lam <= self.max_trace:
@@ -131,6 +133,7 @@ class RidgeRLSLearner:
         self.Kc = np.zeros((num_workers, dim))  # K_i c_i
         self._theta = np.zeros((num_workers, dim))
         self._rows = self._theta.tolist()
+        self._version = 0  # bumped whenever theta changes (not when set by hand through theta[...])
         self._eyes = np.stack([self._delta_eye, self._pool_delta_eye])  # one worker + the pool
         self._dirty: list[int] = []  # workers updated since the last solve (distinct)
         self._stale = False
@@ -149,6 +152,13 @@ class RidgeRLSLearner:
     @property
     def c(self) -> np.ndarray:
         return np.array(self._c)
+
+    @property
+    def version(self) -> int:
+        """Bumped whenever theta changes (solves a pending lazy update first)."""
+        if self._stale:
+            self._solve()
+        return self._version
 
     @property
     def theta(self) -> np.ndarray:
@@ -228,6 +238,7 @@ class RidgeRLSLearner:
         else:
             self._theta[dirty] = Kc[dirty]
         self._rows = self._theta.tolist()
+        self._version += 1
         dirty.clear()
         self._stale = False
 
@@ -241,6 +252,7 @@ class SGDLearner:
         self.lr = float(learning_rate)
         self.theta = np.zeros((num_workers, dim))
         self.theta_rows = self.theta.tolist()  # Python copy for the routing hot path
+        self.version = 0  # bumped whenever theta changes
 
     def predict(self, phi: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", self.theta, phi)
@@ -250,3 +262,4 @@ class SGDLearner:
         theta = self.theta[worker]
         theta += self.lr * (y - theta @ phi) * phi
         self.theta_rows[worker] = theta.tolist()
+        self.version += 1

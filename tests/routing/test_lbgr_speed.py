@@ -227,3 +227,23 @@ def test_vector_path_matches_the_reference_decisions(monkeypatch, seed):
 
     monkeypatch.setattr(lbgr_mod, "VECTOR_MIN_WORKERS", 1)
     reference(seed)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_numpy_path_sees_every_learner_update(monkeypatch, lazy):
+    """The numpy path caches theta's columns per learner version: an update must show at once."""
+    monkeypatch.setattr(lbgr_mod, "VECTOR_MIN_WORKERS", 1)
+    v = make_views(3, capacity=1000, cost_model=LinearCostModel())
+    r = LBGRRouter(tracker="exact")
+    r.reset(v, 0)
+    r.learner.lazy = lazy
+    q = make_request(1, list(range(50)))
+    before = r.estimate(q, v, 0.0)[4]
+    r.learner.update(1, (1.0, 0.0, 0.05, 0.0), 5.0)
+    after = r.estimate(q, v, 0.0)[4]
+    assert after[1] > before[1] and after[0] > before[0]  # the pooled prior moves every worker
+    loop = LBGRRouter(tracker="exact")
+    monkeypatch.setattr(lbgr_mod, "VECTOR_MIN_WORKERS", 10**9)
+    loop.reset(v, 0)
+    loop.learner.update(1, (1.0, 0.0, 0.05, 0.0), 5.0)
+    assert loop.estimate(q, v, 0.0)[4].tolist() == after.tolist()
