@@ -135,6 +135,8 @@ class RidgeRLSLearner:
         self._rows = self._theta.tolist()
         self._version = 0  # bumped whenever theta changes (not when set by hand through theta[...])
         self._eyes = np.stack([self._delta_eye, self._pool_delta_eye])  # one worker + the pool
+        # (flat index of (j, k), of (k, j), j, k) over the upper triangle, row by row
+        self._pairs = [(j * dim + k, k * dim + j, j, k) for j in range(dim) for k in range(j, dim)]
         self._dirty: list[int] = []  # workers updated since the last solve (distinct)
         self._stale = False
         # lazy: solve when theta is next read (batches the completions between two decisions);
@@ -184,33 +186,28 @@ class RidgeRLSLearner:
 
     def update(self, worker: int, phi, y: float) -> None:
         """One sample (phi, y) of `worker`: D = lambda D + phi phi', c = lambda c + y phi (and the pool's)."""
-        d = self.dim
         phi = [float(x) for x in phi]
         y = float(y)
         lam = self.lam
         D = self._D[worker]
-        pD = self._pool_D
-        plam = self.pool_lam
-        pooled = self.pooled
-        for j in range(d):
-            pj = phi[j]
-            row = j * d
-            for k in range(j, d):
-                o = pj * phi[k]
-                v = D[row + k] * lam + o
-                D[row + k] = v
-                D[k * d + j] = v  # exactly symmetric: the same operations on equal operands
-                if pooled:
-                    v = pD[row + k] * plam + o
-                    pD[row + k] = v
-                    pD[k * d + j] = v
-        c = self._c[worker]
-        pc = self._pool_c
-        for j in range(d):
-            yp = y * phi[j]
-            c[j] = c[j] * lam + yp
-            if pooled:
+        if self.pooled:
+            pD = self._pool_D
+            plam = self.pool_lam
+            for a, b, j, k in self._pairs:  # upper triangle; mirrored: exactly symmetric
+                o = phi[j] * phi[k]
+                D[a] = D[b] = D[a] * lam + o
+                pD[a] = pD[b] = pD[a] * plam + o
+            c, pc = self._c[worker], self._pool_c
+            for j, p in enumerate(phi):
+                yp = y * p
+                c[j] = c[j] * lam + yp
                 pc[j] = pc[j] * plam + yp
+        else:
+            for a, b, j, k in self._pairs:
+                D[a] = D[b] = D[a] * lam + phi[j] * phi[k]
+            c = self._c[worker]
+            for j, p in enumerate(phi):
+                c[j] = c[j] * lam + y * p
         if worker not in self._dirty:
             self._dirty.append(worker)
         self._stale = True
@@ -229,11 +226,12 @@ class RidgeRLSLearner:
             np.add(mats, self._delta_eye, out=mats)
         inv = _inv(mats)
         K, Kc = self.K, self.Kc
+        cs = np.array([self._c[w] for w in dirty] + ([self._pool_c] if self.pooled else []))
         for i, w in enumerate(dirty):
             K[w] = inv[i]
-            Kc[w] = inv[i] @ np.array(self._c[w])
+            Kc[w] = inv[i] @ cs[i]
         if self.pooled:
-            self.prior = inv[-1] @ np.array(self._pool_c)
+            self.prior = inv[-1] @ cs[-1]
             self._theta = Kc + self.delta * (K @ self.prior)
         else:
             self._theta[dirty] = Kc[dirty]

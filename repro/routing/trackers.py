@@ -253,6 +253,51 @@ class SharedPrefixIndex:
             node.cmask |= bit
             node.mask |= bit
 
+    def complete(self, key: bytes, full: bytes, tokens: int, worker: int, inflight: bool) -> None:
+        """One walk for a completion: (if `inflight`) the prompt `key` of `worker` leaves the
+        in-flight prompts, and full[:tokens] (full = key + generated tokens) is now entirely in
+        `worker`'s tracked cache. Same holders as remove_inflight then add_cached."""
+        bit = 1 << worker
+        keep = ~bit
+        pb = len(key) if inflight else 0
+        fb = tokens << 2
+        end = pb if pb > fb else fb
+        node, pos = self.root, 0
+        gone = None
+        while pos < end:
+            first = full[pos : pos + 4]
+            child = node.children.get(first)
+            if child is None:  # beyond the prompt's in-flight path: the rest of the cached part is new
+                child = _Node(full[pos:fb], node)
+                node.children[first] = child
+            elif pos < fb:  # a node must end where the cached part does (or where full diverges)
+                ck = child.key
+                if not full.startswith(ck, pos):
+                    k = _common_prefix_bytes(full, pos, ck)
+                    child = self._split(child, k if k < fb - pos else fb - pos)
+                elif pos + len(ck) > fb:
+                    child = self._split(child, fb - pos)
+            nend = pos + len(child.key)
+            if nend <= fb:
+                child.cmask |= bit
+            if pos < pb:  # on the prompt's path (whose nodes end at len(key)): one fewer in flight
+                fl = child.inflight
+                c = fl[worker] - 1
+                if c:
+                    fl[worker] = c
+                else:
+                    del fl[worker]
+                    child.imask &= keep
+            child.mask = child.cmask | child.imask
+            if not child.mask and gone is None:
+                gone = child  # nobody holds it: neither anything below
+            pos = nend
+            node = child
+        if gone is not None:
+            self._unlink(gone)
+        if inflight:
+            self.inflight_size -= 1
+
     def remove_cached(self, path_key: bytes, kept: int, worker: int) -> None:
         """`worker`'s tracked cache drops the tokens of `path_key` deeper than `kept` tokens
         (path_key ends at an evicted leaf of that cache, so it holds nothing deeper)."""
@@ -323,9 +368,8 @@ class ApproximateTracker:
 
     def completed(self, key: bytes, full_key: bytes, worker: int) -> None:
         """The prompt `key` finished on `worker`; `full_key` = prompt + generated tokens."""
-        if self.track_inflight:
-            self.index.remove_inflight(key, worker)
-        self.index.add_cached(full_key, tracker_access(self.caches[worker], full_key), worker)
+        fit = tracker_access(self.caches[worker], full_key)
+        self.index.complete(key, full_key, fit, worker, self.track_inflight)
 
     def abandoned(self, key: bytes, worker: int) -> None:
         if self.track_inflight:

@@ -29,12 +29,13 @@ def _lcp(a: tuple, b: tuple) -> int:
 
 @pytest.mark.parametrize("policy", ["lru", "rlt"])
 @pytest.mark.parametrize("granularity", ["node", "token"])
+@pytest.mark.parametrize("cap", [60, 20])  # 20: paths longer than the cache are cut
 @pytest.mark.parametrize("seed", range(3))
-def test_shared_index_hits_equal_per_worker_peeks(policy, granularity, seed):
+def test_shared_index_hits_equal_per_worker_peeks(policy, granularity, cap, seed):
     """Random dispatches / completions / abandons on small caches (lots of eviction): after every
     step, the index's hits = per worker max(cache peek, longest common prefix with in-flight)."""
     rng = np.random.default_rng(seed)
-    m, cap = 4, 60
+    m = 4
     caches = [make_cache(cap, {"name": policy, "granularity": granularity}, 100 + i) for i in range(m)]
     tracker = ApproximateTracker(caches, inflight=True)
     systems = [tuple(int(x) for x in rng.integers(0, 6, int(rng.integers(3, 25)))) for _ in range(5)]
