@@ -196,7 +196,8 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self.evicted_tokens = 0  # total evicted so far
-        # debug/test hooks (None in production: one attribute test per eviction)
+        # hooks, None unless set (one attribute test per eviction): tests, and LBGR's tracker
+        # caches, whose shared prefix index listens to evictions (repro.routing.trackers)
         self.eviction_log: list[bytes] | None = [] if record_evictions else None
         self.debug_on_evict: Callable[[Node, int], None] | None = None
         self.policy = eviction

@@ -35,7 +35,9 @@ numbers and the ablations: REPRODUCE.md "LBGR reconstruction", repro/routing/lbg
     the tracker, prefixes the worker still holds: the tracker loses a prefix's home, LBGR
     spreads its queries and the hit rate collapses.
   A path longer than B_i is cut to its first B_i tokens. The trackers do not model the
-  worker's locks. Hits are read with peek_prefix, so evaluating all M workers changes no tree.
+  worker's locks. Lookups change no tree: all M workers' hits come from one walk of a shared
+  index whose nodes carry the workers holding them (repro.routing.trackers: the per-worker
+  caches keep the eviction state, the index mirrors their content), not from M peeks.
   "exact" (labelled ablation; simulator only) reads the workers' real caches through
   WorkerView.peek_prefix (never match_prefix: routing must not disturb eviction state).
 - Expected output length o: mean output length of the requests completed so far (all
@@ -94,133 +96,27 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from repro.routing.approx_tree import common_prefix_units
 from repro.routing.base import Router, WorkerView, check_choice, token_key
 from repro.routing.learners import RidgeRLSLearner, RLSLearner, SGDLearner
+from repro.routing.trackers import ApproximateTracker, tracker_access
+
+__all__ = ["LBGRRouter", "tracker_access"]  # tracker_access: the live router service's import
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
 _TICK_EPS = 1e-9
 NUM_FEATURES = 4
+# From this many workers on, a decision evaluates E with numpy arrays (a few calls whatever M),
+# below with a plain loop (M small float expressions beat numpy's per-call overhead). Both
+# compute the same IEEE expression per worker: bit-identical (tests/routing/test_lbgr_speed.py).
+VECTOR_MIN_WORKERS = 28  # measured crossover (bench_routing, 4k prompts): loop faster at 24, numpy at 32
 
 
 def _default_cache_factory(capacity_tokens: int, eviction_cfg: dict, seed: int):
     from repro.kvcache import make_cache  # lazy: only the approximate tracker needs it
 
     return make_cache(capacity_tokens, eviction_cfg, seed)
-
-
-def tracker_access(cache, key: bytes) -> int:
-    """Access `key` (packed int32) in a tracker cache the way an SGLang worker would.
-
-    match_prefix (an access), lock the matched path, evict what the new tokens need, unlock,
-    insert whatever fits. Returns the number of tokens inserted (the path, cut to capacity).
-    """
-    n = min(len(key) // 4, cache.capacity_tokens)
-    key = key[: 4 * n]
-    match = cache.match_prefix(key)
-    cache.inc_lock_ref(match.last_node)
-    need = (n - match.length) - cache.free_tokens()
-    if need > 0:
-        cache.evict(need)
-    cache.dec_lock_ref(match.last_node)
-    fit = min(n, match.length + cache.free_tokens())
-    cache.insert(key[: 4 * fit])
-    return fit
-
-
-class _InflightNode:
-    __slots__ = ("key", "children", "count", "parent")
-
-    def __init__(self, key: bytes, parent: "_InflightNode | None") -> None:
-        self.key = key
-        self.children: dict[bytes, _InflightNode] = {}
-        self.count: dict[int, int] = {}  # worker -> prompts in flight whose path contains this node
-        self.parent = parent
-
-
-class InflightPrompts:
-    """The prompts in flight on every worker, in one radix tree over packed int32 keys.
-
-    hits(key) -> per worker, the longest common prefix of `key` with that worker's in-flight
-    prompts: one walk for all workers (a node carries, per worker, how many of its prompts
-    pass through it). add / remove a prompt on dispatch / completion; a node no prompt passes
-    through any more is unlinked (nodes are never merged back: extra split points are harmless).
-    Why hand-written: it runs on every routing decision and completion; M RadixCaches with
-    locks and an eviction policy cost M walks per decision and policy bookkeeping per removal.
-    """
-
-    def __init__(self, num_workers: int) -> None:
-        self.num_workers = num_workers
-        self.root = _InflightNode(b"", None)
-        self.size = 0  # prompts in flight
-
-    def add(self, key: bytes, worker: int) -> None:
-        node = self.root
-        pos, n = 0, len(key)
-        while pos < n:
-            first = key[pos : pos + 4]
-            child = node.children.get(first)
-            if child is None:
-                child = _InflightNode(key[pos:], node)
-                node.children[first] = child
-                shared = n - pos
-            else:
-                ck = child.key
-                shared = common_prefix_units(ck, key, pos, 4)
-                if shared < len(ck):  # split so that a node ends where this prompt does
-                    upper = _InflightNode(ck[:shared], node)
-                    upper.count = dict(child.count)
-                    rest = ck[shared:]
-                    upper.children[rest[:4]] = child
-                    child.key = rest
-                    child.parent = upper
-                    node.children[first] = upper
-                    child = upper
-            child.count[worker] = child.count.get(worker, 0) + 1
-            node = child
-            pos += shared
-        self.size += 1
-
-    def remove(self, key: bytes, worker: int) -> None:
-        """Remove one in-flight prompt `key` of `worker` (it must have been added)."""
-        node = self.root
-        pos, n = 0, len(key)
-        path = []
-        while pos < n:
-            child = node.children[key[pos : pos + 4]]
-            path.append(child)
-            pos += len(child.key)
-            node = child
-        for node in path:
-            c = node.count[worker] - 1
-            if c:
-                node.count[worker] = c
-            else:
-                del node.count[worker]
-                if not node.count:  # no prompt passes here any more: neither below
-                    del node.parent.children[node.key[:4]]
-                    break
-        self.size -= 1
-
-    def hits(self, key: bytes) -> list[int]:
-        hits = [0] * self.num_workers
-        node = self.root
-        pos, n = 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos : pos + 4])
-            if child is None:
-                break
-            shared = common_prefix_units(child.key, key, pos, 4)
-            pos += shared
-            t = pos >> 2
-            for w in child.count:
-                hits[w] = t
-            if shared < len(child.key):
-                break
-            node = child
-        return hits
 
 
 class LBGRRouter(Router):
@@ -327,7 +223,7 @@ class LBGRRouter(Router):
         m = self.num_workers
         self.load_est = np.zeros(m)  # P_i, seconds
         self.learner = self._make_learner(m)
-        # request id -> (worker, phi, S + P, S)
+        # request id -> (worker, phi, S + P, S, prompt key)
         self.pending: dict[int, tuple] = {}
         self.output_sum = 0.0
         self.output_count = 0
@@ -335,8 +231,24 @@ class LBGRRouter(Router):
         self._last_now: float | None = None
         self.work_done = np.zeros(m)  # drain: exponentially weighted completed estimated work
         self.capacity = [max(1, int(w.kv_capacity_tokens)) for w in workers]
+        # Cost models are read once here; workers with the same (cost model, capacity) form a
+        # class that shares S for equal hits (one S per class for all the non-holders).
+        self._cost_models = [w.cost_model for w in workers]
+        classes: dict[tuple, list[int]] = {}
+        for i, (cm, cap) in enumerate(zip(self._cost_models, self.capacity)):
+            classes.setdefault((id(cm), cap), []).append(i)
+        self._classes = [(self._cost_models[idx[0]], cap, idx) for (_, cap), idx in classes.items()]
+        self._class_of = [0] * m
+        for c, (_, _, idx) in enumerate(self._classes):
+            for i in idx:
+                self._class_of[i] = c
+        self._vector = m >= VECTOR_MIN_WORKERS
+        self._columns = None  # (learner, version, theta columns) of the numpy path
+        self._zeros, self._ones = np.zeros(m), np.ones(m)
+        # (class, hit, prompt length) -> prefill seconds; (class, -b, prompt length) -> decode step
+        self._step_memo: dict[tuple, float] = {}
         self.caches = None
-        self.inflight = None
+        self.tracker_state: ApproximateTracker | None = None
         if self.tracker == "approximate":
             seeds = np.random.SeedSequence(seed).spawn(m)
             self.caches = [
@@ -347,8 +259,12 @@ class LBGRRouter(Router):
                 )
                 for w, s in zip(workers, seeds)
             ]
-            if self.tracker_update == "inflight":
-                self.inflight = InflightPrompts(m)
+            self.tracker_state = ApproximateTracker(self.caches, self.tracker_update == "inflight")
+
+    @property
+    def index(self):
+        """The shared prefix index of the approximate tracker (None with tracker "exact")."""
+        return None if self.tracker_state is None else self.tracker_state.index
 
     # ------------------------------------------------------------------ routing
     def expected_output_len(self, request: "Request") -> float:
@@ -360,12 +276,9 @@ class LBGRRouter(Router):
 
     def tracked_hits(self, key: bytes, workers: Sequence[WorkerView]) -> list[int]:
         """h_i for every worker: the tracker's cached prefix of `key` (see the module docstring)."""
-        if self.caches is None:
+        if self.tracker_state is None:
             return [w.peek_prefix(key) for w in workers]
-        hits = [c.peek_prefix(key) for c in self.caches]
-        if self.inflight is not None and self.inflight.size:
-            return [a if a >= b else b for a, b in zip(hits, self.inflight.hits(key))]
-        return hits
+        return self.tracker_state.index.hits(key)
 
     def decode_batch(self, worker: int, prompt_len: int, out_len: float) -> int:
         """b of service_model kv_batch: requests like this one that fit in the worker's KV (>= 1)."""
@@ -373,51 +286,130 @@ class LBGRRouter(Router):
             return 1
         return max(1, int(self.capacity[worker] // (prompt_len + out_len)))
 
-    def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
-        """Hot path: decay, then (key, hits, S, E) per worker as Python lists.
+    def _decode_shares(self, prompt_len: int, out_len: float) -> list[float]:
+        """Per worker class: the request's 1/b share of (o - 1) decode steps at batch b."""
+        decode_steps = max(out_len - 1.0, 0.0)
+        if not decode_steps > 0:
+            return [0.0] * len(self._classes)
+        batch1 = self.service_model == "batch1"
+        per = prompt_len + out_len
+        memo = self._step_memo
+        out = []
+        for c, (cm, cap, _) in enumerate(self._classes):
+            b = 1 if batch1 else max(1, int(cap // per))  # decode_batch(), inlined
+            dt = memo.get((c, -b, prompt_len))
+            if dt is None:
+                dt = self._memo_put((c, -b, prompt_len), cm.decode_time_s(b, b * prompt_len))
+            out.append(decode_steps * dt / b)
+        return out
 
-        A plain loop over M workers: for M <= ~16 it beats building (M, 4) numpy arrays.
-        """
+    def _prefill(self, c: int, prompt_len: int, hit: int) -> float:
+        """Prefill of the prompt's miss on top of `hit` cached tokens on class c (memoised)."""
+        pf = self._step_memo.get((c, hit, prompt_len))
+        if pf is None:
+            pf = self._memo_put((c, hit, prompt_len), self._classes[c][0].prefill_time_s(prompt_len - hit, hit))
+        return pf
+
+    def _memo_put(self, key: tuple, value: float) -> float:
+        memo = self._step_memo
+        if len(memo) >= 1 << 16:  # bounded: prompt lengths and hits vary on long-context workloads
+            memo.clear()
+        memo[key] = value
+        return value
+
+    def _predict_loop(self, hits: list[int], prompt_len: int, out_len: float):
+        """S and E per worker as Python lists: a plain loop (small M)."""
+        shares = self._decode_shares(prompt_len, out_len)
+        loads = self.load_est.tolist()
+        ts, ls = self.token_scale, self.load_scale_s
+        prefill = self._prefill
+        if len(shares) == 1:  # one class: S depends on the hit only
+            d = shares[0]
+            by_hit: dict[int, float] = {}
+            service = []
+            for hit in hits:
+                s = by_hit.get(hit)
+                if s is None:
+                    s = by_hit[hit] = prefill(0, prompt_len, hit) + d
+                service.append(s)
+        else:
+            cls = self._class_of
+            service = [prefill(cls[i], prompt_len, hit) + shares[cls[i]] for i, hit in enumerate(hits)]
+        if self.learner is None:
+            return service, [s + p for s, p in zip(service, loads)]
+        t3_min = self._theta3_min
+        predicted = []
+        for hit, s, p, (t0, t1, t2, t3) in zip(hits, service, loads, self.learner.theta_rows):
+            if t3 < t3_min:
+                t3 = t3_min
+            predicted.append(s + p + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls)))
+        return service, predicted
+
+    def _predict_vector(self, key: bytes, workers: Sequence[WorkerView], prompt_len: int, out_len: float):
+        """(E, S, h) per worker as numpy arrays (large M): a fixed number of numpy calls plus one
+        per holder level of the shared index; the same IEEE expression per worker as _predict_loop."""
+        shares = self._decode_shares(prompt_len, out_len)
+        prefill = self._prefill
+        single = len(shares) == 1
+        cls = self._class_of
+        if self.tracker_state is not None:
+            index = self.tracker_state.index
+            h = self._zeros.copy()
+            if single:
+                s_arr = self._ones * (prefill(0, prompt_len, 0) + shares[0])
+            else:
+                s_arr = np.array([prefill(c, prompt_len, 0) + shares[c] for c in cls])
+            for t, mask in index.levels(key):
+                idx = index.holders(mask)
+                h[idx] = t
+                if single:
+                    s_arr[idx] = prefill(0, prompt_len, t) + shares[0]
+                else:
+                    s_arr[idx] = [prefill(cls[i], prompt_len, t) + shares[cls[i]] for i in idx.tolist()]
+        else:
+            hits = [w.peek_prefix(key) for w in workers]
+            h = np.array(hits, dtype=float)
+            s_arr = np.array([prefill(cls[i], prompt_len, x) + shares[cls[i]] for i, x in enumerate(hits)])
+        load = self.load_est
+        e = s_arr + load
+        if self.learner is not None:
+            t0, t1, t2, t3 = self._theta_columns()
+            ts, ls = self.token_scale, self.load_scale_s
+            r = t0 + t1 * (h / ts)
+            r += t2 * ((prompt_len - h) / ts)
+            r += t3 * (load if ls == 1.0 else load / ls)  # p / 1.0 == p exactly
+            e += r
+        return e, s_arr, h
+
+    def _theta_columns(self):
+        """theta's columns as contiguous arrays, theta3 floored (cached per learner version)."""
+        learner = self.learner
+        version = getattr(learner, "version", None)
+        cached = self._columns
+        if version is not None and cached is not None and cached[0] is learner and cached[1] == version:
+            return cached[2]
+        theta = learner.theta
+        cols = (
+            np.ascontiguousarray(theta[:, 0]),
+            np.ascontiguousarray(theta[:, 1]),
+            np.ascontiguousarray(theta[:, 2]),
+            np.maximum(theta[:, 3], self._theta3_min),
+        )
+        self._columns = (learner, version, cols)
+        return cols
+
+    def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
+        """Decay, then (key, hits, S, E) per worker as Python lists (either evaluation path)."""
         self._advance(now_s)
         key = token_key(request.prompt_tokens)
-        prompt_len = len(key) // 4
-        hits = self.tracked_hits(key, workers)
+        prompt_len = len(key) >> 2
         out_len = self.expected_output_len(request)
-        decode_steps = max(out_len - 1.0, 0.0)
-        loads = self.load_est.tolist()
-        rows = self.learner.theta_rows if self.learner is not None else None
-        ts, ls = self.token_scale, self.load_scale_s
-        t3_min = self._theta3_min
-        if self.service_model == "batch1":
-            batches = [1] * len(workers)
-        else:  # decode_batch(), inlined
-            per = prompt_len + out_len
-            batches = [max(1, int(c // per)) for c in self.capacity]
-        service: list[float] = []
-        predicted: list[float] = []
-        memo: dict[tuple, float] = {}
-        for i, w in enumerate(workers):
-            hit = hits[i]
-            cm = w.cost_model
-            b = batches[i]
-            s = memo.get((id(cm), hit, b))
-            if s is None:
-                d = memo.get((id(cm), -1, b))
-                if d is None:  # the request's 1/b share of (o - 1) decode steps at batch b
-                    d = decode_steps * cm.decode_time_s(b, b * prompt_len) / b if decode_steps > 0 else 0.0
-                    memo[(id(cm), -1, b)] = d
-                s = cm.prefill_time_s(prompt_len - hit, hit) + d
-                memo[(id(cm), hit, b)] = s
-            p = loads[i]
-            e = s + p
-            if rows is not None:
-                t0, t1, t2, t3 = rows[i]
-                if t3 < t3_min:
-                    t3 = t3_min
-                e = e + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls))
-            service.append(s)
-            predicted.append(e)
-        return key, hits, service, predicted
+        if not self._vector:
+            hits = self.tracked_hits(key, workers)
+            service, predicted = self._predict_loop(hits, prompt_len, out_len)
+            return key, hits, service, predicted
+        e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
+        return key, [int(x) for x in h.tolist()], s_arr.tolist(), e.tolist()
 
     def features(self, hit: int, prompt_len: int, load_s: float) -> np.ndarray:
         """phi = [1, hit / token_scale, miss / token_scale, load / load_scale_s]."""
@@ -436,22 +428,34 @@ class LBGRRouter(Router):
         return key, hits, np.array(service), phi, np.array(predicted)
 
     def select_worker(self, request: "Request", workers: Sequence[WorkerView], now_s: float) -> int:
-        key, hits, service, predicted = self._evaluate(request, workers, now_s)
+        self._advance(now_s)
+        key = token_key(request.prompt_tokens)
+        prompt_len = len(key) >> 2
+        out_len = self.expected_output_len(request)
         load = self.load_est
-        loads = load.tolist()
-        worker = 0
-        for i in range(1, len(predicted)):  # argmin; ties -> lower load, then lower id
-            if predicted[i] < predicted[worker] or (
-                predicted[i] == predicted[worker] and loads[i] < loads[worker]
-            ):
-                worker = i
-        s, p = service[worker], loads[worker]
-        phi = self.features(hits[worker], len(key) // 4, p)
-        if self.inflight is not None:
-            self.inflight.add(key, worker)
-        elif self.caches is not None:
-            tracker_access(self.caches[worker], key)
-        self.pending[request.id] = (worker, phi, s + p, s)
+        if self._vector:
+            e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
+            worker = int(e.argmin())
+            tied = e == e[worker]
+            if np.count_nonzero(tied) > 1:  # ties -> lower load, then lower id
+                worker = min(np.flatnonzero(tied).tolist(), key=lambda i: (load[i], i))
+            s, p, hit = float(s_arr[worker]), float(load[worker]), int(h[worker])
+        else:
+            hits = self.tracked_hits(key, workers)
+            service, predicted = self._predict_loop(hits, prompt_len, out_len)
+            loads = load.tolist()
+            worker = 0
+            for i in range(1, len(predicted)):  # argmin; ties -> lower load, then lower id
+                if predicted[i] < predicted[worker] or (
+                    predicted[i] == predicted[worker] and loads[i] < loads[worker]
+                ):
+                    worker = i
+            s, p, hit = service[worker], loads[worker], hits[worker]
+        ts = self.token_scale
+        phi = (1.0, hit / ts, (prompt_len - hit) / ts, p / self.load_scale_s)
+        if self.tracker_state is not None:
+            self.tracker_state.dispatched(key, worker)
+        self.pending[request.id] = (worker, phi, s + p, s, key)
         load[worker] = p + s
         return worker
 
@@ -459,7 +463,7 @@ class LBGRRouter(Router):
         record = self.pending.get(request.id)
         if record is None:
             return
-        worker, phi, base, service = record
+        worker, phi, base, service, key = record
         if worker != worker_id:
             raise ValueError(
                 f"request {request.id} was dispatched to worker {worker} but completed on {worker_id}"
@@ -473,11 +477,8 @@ class LBGRRouter(Router):
             self.learner.update(worker, phi, float(latency_s) - base)
         if self.decay == "drain":
             self.work_done[worker] += service
-        if self.caches is not None:
-            key = token_key(request.prompt_tokens)
-            if self.inflight is not None:
-                self.inflight.remove(key, worker)
-            tracker_access(self.caches[worker], key + token_key(request.generated_tokens))
+        if self.tracker_state is not None:
+            self.tracker_state.completed(key, key + token_key(request.generated_tokens), worker)
 
     def on_request_abandoned(self, request, worker_id, now_s=None):
         """Forget a request that will not complete on its worker: its in-flight prompt leaves
@@ -485,8 +486,8 @@ class LBGRRouter(Router):
         record = self.pending.pop(request.id, None)
         if record is None:
             return
-        if self.inflight is not None:
-            self.inflight.remove(token_key(request.prompt_tokens), record[0])
+        if self.tracker_state is not None:
+            self.tracker_state.abandoned(record[4], record[0])
 
     # ------------------------------------------------------------------ decay
     def _advance(self, now_s: float) -> None:

@@ -15,7 +15,10 @@ completions at ~12 req/s, about 12 requests are in flight, so LBGR's default in-
 hold prompts (a second peek per worker); lbgr[first] is the first reconstruction, side by side.
 
 Also printed, measured side by side in the same run: each router's p50 / cache-aware's p50.
-Target (issue 5): LBGR p50 <= 100 us at M = 10 with 4k-token prompts.
+Targets: issue 5, LBGR p50 <= 100 us at M = 10 with 4k-token prompts; issue 20, LBGR p50
+<= 15 us at M = 10 and <= 20 us at M = 64 (4k-token prompts), flat in M: a last table measures
+LBGR and cache-aware at M = 4, 10, 64 side by side (interleaved, repeated: the p50 of the
+decisions of all repeats) and prints each target with its value and LBGR / cache-aware.
 """
 
 from __future__ import annotations
@@ -172,15 +175,21 @@ def main() -> None:
     ap.add_argument("--measure", type=int, default=300)
     ap.add_argument("--prompts", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 10])
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved repeats of the flat-in-M table")
+    ap.add_argument("--flat-only", action="store_true", help="only the issue-20 flat-in-M table")
     args = ap.parse_args()
     if args.quick:
-        args.warm, args.measure = 150, 100
+        args.warm, args.measure, args.repeat = 150, 100, 2
     model = OmegaConf.load(ROOT / "conf" / "model" / "llama31_8b.yaml")
     hw = OmegaConf.load(ROOT / "conf" / "hardware" / "l40.yaml")
     cost_model = StepCostModel.from_config(model, hw)
     capacity = kv_capacity_tokens(model, hw, 0.9)
     factory, tracker_kind = tracker_factory()
     table = routers(factory)
+    if args.flat_only:
+        print(f"LBGR approximate trackers: {tracker_kind}")
+        flat_in_m(table, cost_model, capacity, args.warm, args.measure, args.repeat)
+        return
     print(f"LBGR approximate trackers: {tracker_kind}; warm {args.warm}, timed {args.measure} decisions per cell")
     print(f"{'router':<22}{'M':>4}{'prompt':>8}{'p50 us':>10}{'p99 us':>10}{'p50 / cache_aware':>20}")
     results = {}
@@ -199,6 +208,28 @@ def main() -> None:
         p50 = results[("lbgr", 10, 4096)][0]
         verdict = "meets" if p50 <= 100 else "MISSES"
         print(f"LBGR p50 at M=10, 4k-token prompts: {p50:.1f} us ({verdict} the 100 us target)")
+    flat_in_m(table, cost_model, capacity, args.warm, args.measure, args.repeat)
+
+
+# issue 20: (M, LBGR p50 target in us) at 4k-token prompts
+FLAT_TARGETS = ((4, None), (10, 15.0), (64, 20.0))
+
+
+def flat_in_m(table, cost_model, capacity, warm: int, n: int, repeat: int) -> None:
+    """LBGR vs cache-aware decision p50 at M = 4, 10, 64 (4k-token prompts), interleaved runs."""
+    requests = make_stream(4096, warm + n)
+    print(f"\nissue 20 -- decision p50 flat in M (4k-token prompts; {repeat} interleaved repeats of {n} "
+          f"decisions each, p50 over all)")
+    print(f"{'M':>4}{'lbgr p50 us':>14}{'cache_aware p50 us':>21}{'lbgr / cache_aware':>21}{'target us':>11}  verdict")
+    for m, target in FLAT_TARGETS:
+        us = {"lbgr": [], "cache_aware": []}
+        for _ in range(repeat):
+            for name in us:
+                us[name].append(measure(table[name], requests, m, cost_model, capacity, warm))
+        lb, ca = (float(np.percentile(np.concatenate(us[k]), 50)) for k in ("lbgr", "cache_aware"))
+        verdict = "-" if target is None else ("meets" if lb <= target else "MISSES")
+        tgt = "-" if target is None else f"{target:.0f}"
+        print(f"{m:>4}{lb:>14.1f}{ca:>21.1f}{lb / ca:>21.2f}{tgt:>11}  {verdict}")
 
 
 if __name__ == "__main__":

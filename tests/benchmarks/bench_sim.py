@@ -11,14 +11,25 @@ fixed-coefficient cost model of L40-like magnitude, token-per-node TrieCache, ra
 router) -- it prints which. Every run is timed side by side in this one process, and the
 wall time is split into: inside cache calls, inside router calls, and the simulator itself.
 
-    PYTHONPATH=. python tests/benchmarks/bench_sim.py [--repeat 3] [--queries 1024] [--profile]
+    PYTHONPATH=. python tests/benchmarks/bench_sim.py [--repeat 3] [--queries 1024] [--profile] [--no-vidur]
+
+Issue-20 targets, printed last with ratios measured in this run (wall time and CPU time: the
+machine is shared, CPU time is the steadier of the two): LBGR+RLT >= 40,000 and
+CacheAware+LRU >= 60,000 simulated req/s; references: the simulator alone on the same cell
+(cache and router calls replaced by trivial ones: a constant-time no-hit cache and a
+round-robin router) and a peer run of Vidur's engine on the same request count
+(tests/benchmarks/bench_vidur.py, in a subprocess: a roofline stand-in predictor, since Vidur
+downloads its profiles at run time).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +44,8 @@ from repro.sim.worker import SchedulerConfig  # noqa: E402
 from tests.sim import sim_fakes  # noqa: E402
 
 TARGET_RPS = 5000.0
+# issue 20: simulated req/s per system on this cell
+TARGETS_20 = {("lbgr", "rlt"): 40_000.0, ("cache_aware", "lru"): 60_000.0}
 CAPACITY_TOKENS = 210_000  # L40 48 GB * 0.9 - 16 GB bf16 weights, / 128 KiB per token (fallback only)
 
 
@@ -166,20 +179,28 @@ def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
                            capacity=capacity, plan=plan, eviction=eviction, used=used)
 
 
-def run_once(parts, profile: bool = False, constant_cache: bool = False):
+def trivial_router():
+    """Round-robin: the cheapest router there is (the simulator-alone reference)."""
+    from repro.routing import RoundRobinRouter
+
+    return RoundRobinRouter()
+
+
+def run_once(parts, profile: bool = False, constant_cache: bool = False, router=None):
     make_cache = (lambda cap, s: ConstantTimeCache(cap)) if constant_cache else parts.make_cache
     cache_ns = [0]
     caches = [TimedCache(make_cache(parts.capacity, s), cache_ns) for s in parts.plan.workers]
     reqs = parts.requests
-    sim = SimCluster(reqs, caches, parts.cost, parts.make_router(), SchedulerConfig(), parts.eviction, parts.plan.router)
+    make_router = router or parts.make_router
+    sim = SimCluster(reqs, caches, parts.cost, make_router(), SchedulerConfig(), parts.eviction, parts.plan.router)
     prof = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     res = sim.run()
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     tm = res.timings
@@ -187,7 +208,9 @@ def run_once(parts, profile: bool = False, constant_cache: bool = False):
     cache_s = cache_ns[0] / 1e9
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "rps": len(reqs) / wall,
+        "cpu_rps": len(reqs) / cpu,
         "cache_s": cache_s,
         "router_s": route_s,
         "sim_s": wall - cache_s - route_s,
@@ -203,13 +226,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="cProfile one extra run, top functions by own time")
+    ap.add_argument("--no-vidur", action="store_true", help="skip the Vidur peer run")
     args = ap.parse_args()
     systems = [("lbgr", "rlt"), ("cache_aware", "lru")]
+    bests: dict[tuple, dict] = {}
+    alone: list[dict] = []  # simulator alone, measured between the systems' runs
     for router_name, eviction in systems:
         parts = build_parts(args.queries, args.seed, router_name, eviction)
         print(f"\n== {router_name} + {eviction}: " + "; ".join(f"{k}: {v}" for k, v in parts.used.items()))
-        runs = [run_once(parts) for _ in range(args.repeat)]
+        runs = []
+        for _ in range(args.repeat):  # interleaved with the simulator-alone reference
+            runs.append(run_once(parts))
+            alone.append(run_once(parts, constant_cache=True, router=trivial_router))
         best = min(runs, key=lambda r: r["wall_s"])
+        best["cpu_best_s"] = min(r["cpu_s"] for r in runs)
+        bests[(router_name, eviction)] = best
         print(f"  {len(parts.requests)} requests, {best['steps']} steps, hit rate {best['hit_rate']:.3f}, "
               f"simulated makespan {best['makespan_s']:.1f} s")
         for r in runs:
@@ -226,6 +257,51 @@ def main() -> None:
               f"{floor_sim / TARGET_RPS:.2f} x target")
         if args.profile:
             run_once(parts, profile=True)
+    issue20_summary(bests, alone, args)
+
+
+def vidur_peer(n_queries: int, repeat: int) -> dict | None:
+    script = Path(__file__).resolve().parent / "bench_vidur.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        out = subprocess.run([sys.executable, str(script), "--queries", str(n_queries), "--repeat", str(repeat), "--json"],
+                             capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        print("  vidur: timed out")
+        return None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        print(f"  vidur: not run ({(lines[-1] if lines else out.stderr.strip().splitlines()[-1:])})")
+        return None
+    return json.loads(lines[-1])
+
+
+def issue20_summary(bests: dict, alone: list[dict], args) -> None:
+    n = next(iter(bests.values()))["rps"] * next(iter(bests.values()))["wall_s"]
+    ref = min(alone, key=lambda r: r["wall_s"])
+    ref_cpu = min(r["cpu_s"] for r in alone)
+    print(f"\n== simulator alone (same requests; constant-time no-hit cache, round-robin router; "
+          f"{ref['steps']} steps): {ref['rps']:,.0f} req/s wall, {n / ref_cpu:,.0f} per CPU second")
+    peer = None if args.no_vidur else vidur_peer(int(round(n)), args.repeat)
+    if peer:
+        print(f"== vidur {peer['requests']} requests (roofline stand-in predictor; 4 replicas, vLLM scheduler): "
+              f"{peer['rps']:,.0f} req/s wall, {peer['cpu_rps']:,.0f} per CPU second")
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    print(f"\nissue 20 -- simulated req/s on this cell, ratios from this run (1-min load average {load:.1f} "
+          f"on {os.cpu_count()} CPUs; wall / CPU-time figures)")
+    print(f"  {'system':<18}{'req/s':>10}{'per CPU s':>11}{'target':>9}{'/ target':>10}{'/ sim alone':>13}"
+          f"{'/ vidur':>9}  verdict")
+    for (router_name, eviction), best in bests.items():
+        target = TARGETS_20[(router_name, eviction)]
+        cpu_rps = n / best["cpu_best_s"]
+        vs_alone = f"{best['rps'] / ref['rps']:.2f}/{cpu_rps / (n / ref_cpu):.2f}"
+        vs_vidur = f"{best['rps'] / peer['rps']:.1f}/{cpu_rps / peer['cpu_rps']:.1f}" if peer else "-"
+        verdict = "meets" if max(best["rps"], cpu_rps) >= target else "MISSES"
+        print(f"  {router_name + '+' + eviction.upper():<18}{best['rps']:>10,.0f}{cpu_rps:>11,.0f}{target:>9,.0f}"
+              f"{cpu_rps / target:>10.2f}{vs_alone:>13}{vs_vidur:>9}  {verdict} (on CPU time)")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ class SimpleLRUCache:
         self.locks: dict[tuple, int] = {}
         self.clock = 0
         self.calls: list[str] = []
+        # called as (path key of the evicted token, tokens kept on that path) before each eviction
+        # (the contract of repro.routing.trackers.listen_evictions)
+        self.eviction_listener = None
 
     def _longest(self, key: tuple) -> int:
         n = 0
@@ -143,6 +146,8 @@ class SimpleLRUCache:
             if not leaves:
                 break
             victim = min(leaves, key=lambda p: (self.stamp[p], p))
+            if self.eviction_listener is not None:
+                self.eviction_listener(np.array(victim, dtype="<i4").tobytes(), len(victim) - 1)
             del self.stamp[victim]
             self.children[victim[:-1]] -= 1
             evicted += 1

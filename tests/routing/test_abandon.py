@@ -20,8 +20,8 @@ def held(router) -> dict:
         out["active"] = [sum(c.values()) for c in router.active]
     if hasattr(router, "pending"):  # dynamo, lbgr
         out["pending"] = len(router.pending)
-    if getattr(router, "inflight", None) is not None:  # lbgr: in-flight prompt tree
-        out["inflight"] = (router.inflight.size, len(router.inflight.root.children))
+    if getattr(router, "index", None) is not None:  # lbgr: in-flight prompts in the shared prefix index
+        out["inflight"] = (router.index.inflight_size, router.index.num_nodes())
     return out
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.routing import LBGRRouter
-from repro.routing.lbgr import InflightPrompts
+from repro.routing.trackers import SharedPrefixIndex
 from repro.routing.learners import RidgeRLSLearner, RLSLearner, SGDLearner
 from repro.routing.base import token_key
 from tests.routing.fakes import FakeView, LinearCostModel, make_request, make_views, simple_cache_factory
@@ -178,14 +178,14 @@ def test_approximate_tracker_builds_one_cache_per_worker_like_the_worker():
     ]
     assert [c.capacity_tokens for c in r.caches] == [50, 50]
     assert r.caches[0].seed != r.caches[1].seed
-    assert r.inflight.num_workers == 2  # tracker_update: inflight (default)
+    assert r.index.num_workers == 2 and r.tracker_state.track_inflight  # tracker_update: inflight (default)
 
 
 def test_dispatch_tracker_mirrors_dispatch_and_completion():
     """tracker_update: dispatch (ablation): the prompt is an access of the cache tree on dispatch."""
     v = views_with(m=2, capacity=50)
     r = lbgr(v, tracker="approximate", tracker_update="dispatch", cache_factory=simple_cache_factory)
-    assert r.inflight is None
+    assert not r.tracker_state.track_inflight
     q = make_request(1, list(range(20)), output_len=4)
     w = r.select_worker(q, v, 0.0)
     assert r.caches[w].peek_prefix(q.prompt_tokens) == 20
@@ -196,6 +196,16 @@ def test_dispatch_tracker_mirrors_dispatch_and_completion():
     assert all(view.view_calls == [] for view in v)  # approximate mode never reads the workers
 
 
+def _nothing_in_flight(index) -> bool:
+    stack = list(index.root.children.values())
+    while stack:
+        node = stack.pop()
+        if node.imask or node.inflight:
+            return False
+        stack.extend(node.children.values())
+    return True
+
+
 def test_inflight_tracker_hand_computed():
     """In flight: the prompt is in the worker's in-flight tree (a hit for followers), not in its
     cache tree; on completion it leaves the in-flight tree and prompt + output enter the cache tree."""
@@ -204,16 +214,16 @@ def test_inflight_tracker_hand_computed():
     a = make_request(1, list(range(20)), output_len=4)
     w = r.select_worker(a, v, 0.0)
     assert r.caches[w].total_size() == 0  # not admitted yet as far as the router knows
-    assert r.inflight.hits(token_key(a.prompt_tokens))[w] == 20 and r.inflight.size == 1
+    assert r.index.inflight_hits(token_key(a.prompt_tokens))[w] == 20 and r.index.inflight_size == 1
     b = make_request(2, list(range(20)) + [99])
     assert r.tracked_hits(token_key(b.prompt_tokens), v) == ([20, 0] if w == 0 else [0, 20])
     # S = [1, 21] / 1024 s, P_w = 20 / 1024 * 0.9^5 at t = 0.5: the prefix wins
     assert r.select_worker(b, v, 0.5) == w
     r.on_request_complete(a, w, 0.3, 0.1, 0, 0.6)
     assert r.caches[w].peek_prefix(a.full_tokens) == 24
-    assert r.inflight.hits(token_key(a.prompt_tokens))[w] == 20  # b (same 20-token prefix) still in flight
+    assert r.index.inflight_hits(token_key(a.prompt_tokens))[w] == 20  # b (same 20-token prefix) still in flight
     r.on_request_complete(b, w, 0.3, 0.1, 0, 0.61)
-    assert r.inflight.size == 0 and not r.inflight.root.children
+    assert r.index.inflight_size == 0 and _nothing_in_flight(r.index)
     assert r.caches[w].peek_prefix(b.full_tokens) == 25
     assert all(view.view_calls == [] for view in v)
 
@@ -306,7 +316,7 @@ class SpyLearner:
         return np.zeros(len(phi))
 
     def update(self, worker, phi, y):
-        self.samples.append((worker, phi.copy(), y))
+        self.samples.append((worker, np.array(phi), y))
 
 
 def test_residual_target_is_latency_minus_service_and_load_features_scaled():
@@ -344,7 +354,7 @@ def _drive_synthetic_cluster(r, v, theta, n_requests, rng):
         r.load_est[:] = rng.uniform(0, 3, len(v))  # keep the load feature excited
         q = make_request(i, np.zeros(n, dtype=np.int32))
         w = r.select_worker(q, v, now)
-        _, phi, base, _ = r.pending[q.id]
+        _, phi, base, _, _ = r.pending[q.id]
         r.on_request_complete(q, w, base + phi @ theta[w], 0.0, 0, now)
 
 
@@ -444,7 +454,7 @@ def test_approximate_tracker_with_the_real_radix_cache(policy):
         r.on_request_complete(q, w, 0.2, 0.05, 0, now + 0.2)
         assert r.caches[w].peek_prefix(q.full_tokens) == len(q.full_tokens)
         assert all(c.total_size() <= 600 for c in r.caches)
-        assert r.inflight.size == 0 and not r.inflight.root.children  # nothing in flight any more
+        assert r.index.inflight_size == 0 and _nothing_in_flight(r.index)  # nothing in flight any more
     assert all(view.view_calls == [] for view in v)
 
 
@@ -646,22 +656,22 @@ def test_inflight_prompts_match_brute_force(data):
     """hits() = per worker, the longest common prefix with its in-flight prompts, through any
     sequence of adds and removes (shared prefixes, duplicates, prompts that prefix others)."""
     m = 3
-    tree = InflightPrompts(m)
+    tree = SharedPrefixIndex(m)
     live: list[tuple[tuple, int]] = []
     token = st.integers(0, 3)  # a tiny alphabet: many shared prefixes
     prompt = st.lists(token, min_size=1, max_size=12).map(tuple)
     for _ in range(data.draw(st.integers(1, 40))):
         if live and data.draw(st.booleans()):
             k, w = live.pop(data.draw(st.integers(0, len(live) - 1)))
-            tree.remove(token_key(np.array(k)), w)
+            tree.remove_inflight(token_key(np.array(k)), w)
         else:
             k, w = data.draw(prompt), data.draw(st.integers(0, m - 1))
-            tree.add(token_key(np.array(k)), w)
+            tree.add_inflight(token_key(np.array(k)), w)
             live.append((k, w))
         q = data.draw(prompt)
         expected = [max([_lcp(q, k) for k, w in live if w == i], default=0) for i in range(m)]
         assert tree.hits(token_key(np.array(q))) == expected
-        assert tree.size == len(live)
+        assert tree.inflight_size == len(live)
     for k, w in live:
-        tree.remove(token_key(np.array(k)), w)
+        tree.remove_inflight(token_key(np.array(k)), w)
     assert not tree.root.children
