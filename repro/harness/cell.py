@@ -10,7 +10,8 @@ file behind: every write is atomic, see repro.results.store):
 4. config.yaml (the resolved cell config, sorted keys).
 5. The backend runs (W&B tracking alongside, never in the way; a failed W&B start turns
    tracking off for the rest of the sweep).
-6. requests.parquet (RECORD_COLUMNS, deterministic bytes), timings.json (the backend's
+6. requests.parquet (RECORD_COLUMNS, deterministic bytes) and requests.sha256 (its hash, committed
+   with the results while the parquet is not), timings.json (the backend's
    wall-clock timings at the top level + a `harness` entry: backend wall time, host, pid, start;
    never part of any identity check), fingerprint.json (the inputs this process computed it
    from), then summary.json LAST (repro.metrics.summarize + provenance).
@@ -37,10 +38,12 @@ from typing import Any, Mapping
 from repro.harness import faults
 from repro.results import CellStore
 from repro.results.fingerprint import FINGERPRINT
+from repro.results.fingerprint import file_sha256 as sha256_file
 from repro.results.lock import LOCK, CellLock
 
 CONFIG = "config.yaml"
 REQUESTS = "requests.parquet"
+REQUESTS_SHA256 = "requests.sha256"
 TIMINGS = "timings.json"
 ERROR = "error.txt"
 
@@ -266,7 +269,9 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
             records = _records_frame(result.records)
             summary = summarize(records, provenance(cfg, result.provenance, spec.signature))
             backend_timings = dict(result.timings or {})
-            store.write_parquet(REQUESTS, records)
+            parquet = store.write_parquet(REQUESTS, records)
+            # committed beside summary.json (the parquet itself is git-ignored): CI reruns check it
+            store.write_text(REQUESTS_SHA256, f"{sha256_file(parquet)}  {REQUESTS}\n")
         elif isinstance(result, Mapping):
             summary = {k: v for k, v in result.items() if k not in ("provenance", "timings")}
             summary["provenance"] = provenance(cfg, result.get("provenance"), spec.signature)

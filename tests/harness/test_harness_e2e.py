@@ -42,6 +42,7 @@ def test_cell_folder_contents(tmp_path, monkeypatch, capsys):
             "config.yaml",
             "fingerprint.json",
             "requests.parquet",
+            "requests.sha256",
             "summary.json",
             "timings.json",
         ]
