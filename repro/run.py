@@ -15,7 +15,6 @@ taken from the project root; nothing is written in the current directory.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -106,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _state["prepared"], _state["exit_code"], _state["entered"] = prepared, 0, False
     # the workload cache and checksum memo live in the project, not in whatever cwd this runs from
-    os.environ.setdefault("REPRO_CACHE_DIR", str(Path(CONF_DIR).parent / ".cache" / "workloads"))
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()
     sys.argv = [sys.argv[0], *prepared.argv]
     try:
         _app()

@@ -194,6 +194,9 @@ def check(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> int:
 
 def main(argv=None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()  # staleness of the cells read (captions) hashes data files: memo in the project
     unknown = [n for n in a.names if n not in ARTEFACTS]
     if unknown:
         log(f"unknown figure/table {unknown}; known: {', '.join(ARTEFACTS)}")

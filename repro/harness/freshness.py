@@ -29,6 +29,13 @@ NOT_INPUTS = ("repro.tracking", "repro.figures", "repro.harness")
 _data_memo: dict[str, dict] = {}
 
 
+def use_project_cache() -> None:
+    """Entry points: the workload cache and checksum memo go to <project>/.cache, not the cwd."""
+    import os
+
+    os.environ.setdefault("REPRO_CACHE_DIR", str(PROJECT_ROOT / ".cache" / "workloads"))
+
+
 def _targets(node: Any, out: list[str]) -> None:
     if isinstance(node, Mapping):
         t = node.get("_target_")
@@ -64,12 +71,31 @@ def data_inputs(identity_cfg: Mapping) -> dict:
     if not isinstance(wl, Mapping) or not wl.get("_target_"):
         return {}
     key = json.dumps(wl, sort_keys=True, default=str)
-    if key not in _data_memo:
-        from repro.workloads import resolve_spec
+    hit = _data_memo.get(key)
+    if hit is not None and hit[0] == _stamp(hit[1]):
+        return hit[2]
+    from repro.workloads import resolve_spec
 
-        src = resolve_spec(dict(wl)).resolve_data()
-        _data_memo[key] = {"workload": {"kind": src.kind, "sha256": src.sha256}}
-    return _data_memo[key]
+    src = resolve_spec(dict(wl)).resolve_data()
+    value = {"workload": {"kind": src.kind, "sha256": src.sha256}}
+    _data_memo[key] = (_stamp(src.path), src.path, value)
+    return value
+
+
+def _stamp(path: Path | None) -> tuple:
+    """(name, size, mtime_ns) of a data file or of the files of a data folder (memo validity)."""
+    if path is None:
+        return ()
+    p = Path(path)
+    files = sorted(p.iterdir()) if p.is_dir() else [p]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+            out.append((str(f), st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((str(f), None, None))
+    return tuple(out)
 
 
 def cell_fingerprint(cfg: Mapping, *, root_dir: Path | None = None) -> dict:

@@ -153,6 +153,9 @@ def main(argv=None) -> int:
     v.add_argument("--seed", type=int, default=None, help="which cells are drawn (default: random)")
     v.add_argument("exps", nargs="*")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()
     return {"status": cmd_status, "diff": cmd_diff, "verify": cmd_verify}[a.cmd](a)
 
 

@@ -211,15 +211,16 @@ def code_fingerprint(
     """{code, package_data, versions} of the import closure of `roots` (memoised per process)."""
     key = (tuple(sorted(set(roots))), str(root_dir), tuple(packages), tuple(exclude))
     modules, external, _ = import_closure(roots, root_dir=root_dir, packages=packages, exclude=exclude)
-    # re-validate the memo cheaply: the closure's files and their stats
-    stamp = tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in modules.values()))
+    data_files = package_data_files(modules.values())
+    # re-validate the memo cheaply: the stats of the closure's files and of its data files
+    stamp = tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in [*modules.values(), *data_files]))
     hit = _closure_memo.get(key)
     if hit is not None and hit["stamp"] == stamp:
         return hit["value"]
     code = {}
     for name, path in modules.items():
         code[path.relative_to(root_dir).as_posix()] = _module_info(root_dir, name)[1].digest
-    data = {p.relative_to(root_dir).as_posix(): file_sha256(p) for p in package_data_files(modules.values())}
+    data = {p.relative_to(root_dir).as_posix(): file_sha256(p) for p in data_files}
     value = {"code": dict(sorted(code.items())), "package_data": data, "versions": library_versions(external)}
     _closure_memo[key] = {"stamp": stamp, "value": value}
     return value
