@@ -2,13 +2,13 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu"
 
-.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env clean
+.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render results-status sglang-env clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
 
-install:  ## install the package with its test extras (CPU only; no SGLang)
-	$(PYTHON) -m pip install -e '.[test]'
+install:  ## install the package with its test extras (CPU only; no SGLang), versions pinned by constraints.txt
+	$(PYTHON) -m pip install -c constraints.txt -e '.[test]'
 
 test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu)
 	$(PYTHON) -m pytest $(PYTEST_DEFAULT)
@@ -33,6 +33,9 @@ figures:  ## run every experiment whose results are missing, then render every t
 
 figures-render:  ## render figures/ from results/ only (no simulation)
 	$(PYTHON) -m repro.figures
+
+results-status:  ## fresh / stale / unfinished cells per experiment (stale: made by other code, data or libraries)
+	$(PYTHON) -m repro.results status
 
 clean:  ## remove caches (not results/ or figures/)
 	rm -rf .pytest_cache .hypothesis .cache outputs multirun
