@@ -109,5 +109,5 @@ def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     stale = int(_truthy(df, "stale").sum())
     if stale:
         parts.append(f"STALE: {stale} of {len(df)} cells were computed by other code, data or library versions "
-                     f"than this checkout's (kept with keep_stale=true; `python -m repro.results status`)")
+                     f"than this checkout's (`python -m repro.results status`; a rerun of the experiment recomputes them)")
     return ". ".join(parts) + "."
