@@ -55,7 +55,18 @@ def _run_one_cell(cfg: DictConfig) -> dict | None:
         exp_name=str(config["exp_name"]),
         keep_stale=bool(config.get("keep_stale", False)),
     )
-    out = run_cell_spec(spec)
+    import signal
+
+    from repro.harness.cell import Stopped
+
+    def stop(signum, frame):  # scancel / kill: unwind the cell (no half-written files, lock released)
+        raise Stopped(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        out = run_cell_spec(spec)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     log.info("cell %s %s: %s", spec.signature, out.status, out.dir)
     if out.status == "failed":
         raise CellFailed(f"cell {spec.signature} [{spec.label}] failed: {out.error} (see {out.dir}/error.txt)")

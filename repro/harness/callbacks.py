@@ -41,3 +41,11 @@ class ValidateGridCallback(Callback):
             print(f"repro.run: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         log.info("validated %d cell(s)", len(cells))
+        from repro.harness.cell import begin_sweep
+
+        begin_sweep()  # jobs run in this process (basic launcher): a failed W&B start is tried once
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from repro.harness.cell import end_sweep
+
+        end_sweep()

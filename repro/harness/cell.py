@@ -113,22 +113,29 @@ class Stopped(BaseException):
     """SIGTERM (scancel, kill) or the sweep stopping: unwind the running cell and leave nothing half-done."""
 
 
-# W&B: after the first failed start in this process (or in any worker of the sweep, through
-# `set_tracking_event`), tracking is off for the rest of the sweep (docs: one warning).
-_tracking = {"off": False, "event": None}
+# W&B: within one sweep (an in-process grid, its workers through a shared event, or the jobs of
+# a -m sweep that run in the launching process), after the first failed start tracking is off for
+# the rest of it (one warning). A lone run_cell_spec call outside any sweep always tries.
+_tracking: dict = {"sweep": False, "off": False, "event": None}
 
 
-def set_tracking_event(event: Any) -> None:
-    """A multiprocessing.Event shared by the sweep's workers: set = tracking is off everywhere."""
-    _tracking["event"] = event
+def begin_sweep(event: Any = None) -> None:
+    """A sweep starts (event: a multiprocessing.Event shared by its workers; set = tracking off)."""
+    _tracking.update(sweep=True, off=False, event=event)
+
+
+def end_sweep() -> None:
+    _tracking.update(sweep=False, off=False, event=None)
 
 
 def tracking_off() -> bool:
     ev = _tracking["event"]
-    return _tracking["off"] or (ev is not None and ev.is_set())
+    return _tracking["sweep"] and (_tracking["off"] or (ev is not None and ev.is_set()))
 
 
 def _turn_tracking_off() -> None:
+    if not _tracking["sweep"]:
+        return
     _tracking["off"] = True
     if _tracking["event"] is not None:
         _tracking["event"].set()
@@ -155,7 +162,11 @@ def current_state(store: CellStore, cfg: Mapping, keep_stale: bool) -> tuple[str
         return "fresh", []
     from repro.harness.freshness import cell_fingerprint, cell_state
 
-    return cell_state(store.dir, cell_fingerprint(cfg))
+    try:
+        current = cell_fingerprint(cfg)
+    except Exception as exc:  # e.g. its data file is gone: this checkout cannot make that cell
+        return "stale", [f"cannot compute its fingerprint here: {type(exc).__name__}: {exc}"]
+    return cell_state(store.dir, current)
 
 
 def _records_frame(records: Any):

@@ -28,7 +28,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
-from repro.harness.cell import CellOutcome, CellSpec, Stopped, run_cell_spec, set_tracking_event
+from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, run_cell_spec
 from repro.results import CellStore
 from repro.results.lock import CellLock
 
@@ -64,7 +64,7 @@ def _worker_main(conn, ppid: int, tracking_event) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stopped)
     _die_with_parent(ppid)
-    set_tracking_event(tracking_event)
+    begin_sweep(tracking_event)
     try:
         while True:
             try:
@@ -100,6 +100,14 @@ def _died(spec: CellSpec, why: str) -> CellOutcome:
 
 def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
     """Run every spec (n_jobs == 1: in this process); on_done(outcome) once per spec."""
+    begin_sweep()
+    try:
+        _run_cells(specs, n_jobs, on_done)
+    finally:
+        end_sweep()
+
+
+def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
     pending = deque(specs)
     deferred: list[CellSpec] = []
     if n_jobs <= 1:
@@ -119,6 +127,7 @@ def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOut
 
     ctx = multiprocessing.get_context("spawn")
     tracking_event = ctx.Event()
+    begin_sweep(tracking_event)
     workers: list[_Worker] = []
     try:
         n = min(n_jobs, len(specs))
