@@ -189,7 +189,7 @@ def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
         row: dict[str, Any] = {"cell": c.index}
         for k in swept_keys:
             row[k] = c.swept.get(k)
-        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else "")
+        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else " (was stale)" if o.extra.get("was_stale") else "")
         row["sig"] = o.signature
         summ = o.summary or {}
         keys = [k for k in TABLE_METRICS if k in summ] or [k for k in THEORY_METRICS if k in summ] or [
@@ -261,9 +261,11 @@ def run_sweep(
     print(format_table(summary_table(cells, outcomes)), file=out)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "skipped", "failed")}
     n_stale = sum(bool(o.extra.get("stale")) for o in outcomes)
+    n_rerun = sum(bool(o.extra.get("was_stale")) for o in outcomes)
     kept = f", {n_stale} of them stale (kept: keep_stale=true)" if n_stale else ""
-    print(f"{exp}: {counts['ran']} ran, {counts['skipped']} skipped (finished{kept}), {counts['failed']} failed -> {root}",
-          file=out)
+    rerun = f" ({n_rerun} were stale)" if n_rerun else ""
+    print(f"{exp}: {counts['ran']} ran{rerun}, {counts['skipped']} skipped (finished{kept}), {counts['failed']} failed "
+          f"-> {root}", file=out)
     for o in outcomes:
         if o.status == "failed" and not o.extra.get("same_as_cell"):
             where = f"(traceback: {o.extra['error_file']})" if o.extra.get("error_file") else \

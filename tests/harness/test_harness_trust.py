@@ -78,7 +78,8 @@ def test_stale_cell_is_shown_rerun_or_kept(tmp_path, monkeypatch, capsys):
     assert "0 ran, 4 skipped (finished, 1 of them stale (kept: keep_stale=true))" in out and "skipped (stale)" in out
 
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 0
-    assert "tiny: 1 ran, 3 skipped (finished), 0 failed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tiny: 1 ran (1 were stale), 3 skipped (finished), 0 failed" in out and "ran (was stale)" in out
     assert (cell / "summary.json").read_bytes() == before  # same code: same numbers
     assert json.loads(fpath.read_text())["fingerprint"] != "old"
 
