@@ -102,7 +102,10 @@ def cmd_verify(a) -> int:
     from repro.results.fingerprint import read_fingerprint
 
     root = Path(a.results_dir)
-    rng = random.Random(a.seed)
+    seed = a.seed if a.seed is not None else random.randrange(10**9)
+    if not a.all:
+        print(f"verify: {a.cells} random cell(s) per experiment (--seed {seed} draws them again)", flush=True)
+    rng = random.Random(seed)
     bad = 0
     with tempfile.TemporaryDirectory(prefix="repro-verify-") as tmp:
         for exp in _experiments(root, a.exps):
