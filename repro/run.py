@@ -7,7 +7,9 @@ joblib, submitit/Slurm) runs one cell per job; the grid is validated first by
 repro.harness.callbacks.ValidateGridCallback. Both write the same results/<exp>/<sig>/.
 
 Exit status: 0 all cells finished (ran or skipped), 1 some cell failed, 2 invalid configuration
-(nothing ran). Hydra's own flags work as usual (`--cfg job`, `--info`, `--help`).
+(nothing ran; Hydra's composition errors included), 130 / 143 stopped by Ctrl-C / SIGTERM.
+Hydra's own flags work as usual (`--cfg job`, `--info`, `--help`). A relative results_dir is
+taken from the project root; nothing is written in the current directory.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ class CellFailed(RuntimeError):
 
 def _run_one_cell(cfg: DictConfig) -> dict | None:
     from repro.harness.cell import CellSpec, run_cell_spec
-    from repro.harness.compose import cell_signature, resolve
+    from repro.harness.compose import cell_signature, hydra_compose, resolve
     from repro.harness.sweep import absolute_results_dir
     from repro.harness.validate import ConfigError, cell_errors
 
     hc = HydraConfig.get()
-    config = resolve(cfg)
+    config = resolve(hydra_compose(hc.job.config_name).canonicalize(cfg, list(hc.overrides.task)))
     errs = cell_errors(config, deep=False)  # deep checks ran for the whole grid at multirun start
     if errs:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errs))
@@ -51,8 +53,20 @@ def _run_one_cell(cfg: DictConfig) -> dict | None:
         signature=cell_signature(config),
         results_dir=absolute_results_dir(str(config["results_dir"])),
         exp_name=str(config["exp_name"]),
+        keep_stale=bool(config.get("keep_stale", False)),
     )
-    out = run_cell_spec(spec)
+    import signal
+
+    from repro.harness.cell import Stopped
+
+    def stop(signum, frame):  # scancel / kill: unwind the cell (no half-written files, lock released)
+        raise Stopped(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        out = run_cell_spec(spec)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     log.info("cell %s %s: %s", spec.signature, out.status, out.dir)
     if out.status == "failed":
         raise CellFailed(f"cell {spec.signature} [{spec.label}] failed: {out.error} (see {out.dir}/error.txt)")
@@ -67,6 +81,9 @@ def _run_grid(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     params = OmegaConf.to_container(hc.sweeper.params) if hc.sweeper.get("params") is not None else None
     prepared: PreparedArgv = _state["prepared"]
+    if not any(o.split("=", 1)[0].lstrip("+") == "exp" for o in prepared.overrides):
+        print(f"repro.run: no +exp=NAME given: the default cell(s) go to {cfg.results_dir}/{cfg.exp_name}/ "
+              f"(experiments: conf/exp/)", file=sys.stderr)
     try:
         return run_sweep(
             params,
@@ -85,6 +102,7 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _app(cfg: DictConfig) -> dict | None:
+    _state["entered"] = True
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return _run_one_cell(cfg)
     _state["exit_code"] = _run_grid(cfg)
@@ -96,9 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     if prepared.dry_run and prepared.multirun:
         print("repro.run: --dry-run lists the in-process grid; drop -m", file=sys.stderr)
         return 2
-    _state["prepared"], _state["exit_code"] = prepared, 0
+    _state["prepared"], _state["exit_code"], _state["entered"] = prepared, 0, False
+    # the workload cache and checksum memo live in the project, not in whatever cwd this runs from
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()
     sys.argv = [sys.argv[0], *prepared.argv]
-    _app()
+    try:
+        _app()
+    except SystemExit as exc:
+        # Hydra reports a config it cannot compose (unknown option, misspelt key, wrong type) and
+        # exits 1 before our function runs; 1 means "a cell failed" here, 2 "invalid configuration".
+        if exc.code == 1 and not _state["entered"]:
+            return 2
+        raise
     return int(_state["exit_code"])
 
 

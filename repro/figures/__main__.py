@@ -3,7 +3,8 @@
 
 Default: render the named artefacts (all when none is named) from results/ only, then rewrite
 figures/claims.md, figures/README.md and REPRODUCE.md's generated blocks (claims are always
-computed from all results). --run-missing first runs, through `python -m repro.run +exp=NAME`,
+computed from all results; REPRODUCE.md only when rendering the repository's own results/, or the
+file given with --reproduce-md). --run-missing first runs, through `python -m repro.run +exp=NAME`,
 every experiment whose results are missing or incomplete (the harness skips finished cells).
 --check writes nothing: it recomputes the claims table and REPRODUCE.md's generated blocks and
 exits 1 if they differ from the committed ones (CI, from committed summaries, no simulation).
@@ -33,7 +34,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"artefacts (default: all): {', '.join(ARTEFACTS)}")
     ap.add_argument("--results-dir", default="results")
     ap.add_argument("--figures-dir", default="figures")
-    ap.add_argument("--reproduce-md", default="REPRODUCE.md", help="the file whose generated blocks are rewritten")
+    ap.add_argument("--reproduce-md", default=None,
+                    help="the file whose generated blocks are rewritten (default: the repository's REPRODUCE.md, "
+                         "and only when rendering the repository's own results/)")
     ap.add_argument("--run-missing", action="store_true", help="run missing/incomplete experiments first")
     ap.add_argument("--check", action="store_true", help="compare the generated tables with the committed ones")
     ap.add_argument("--tracking", choices=("offline", "online", "disabled"), default="offline",
@@ -140,7 +143,7 @@ def generated(results_dir: Path):
     return table, blocks, reproduce.claims_file(table)
 
 
-def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> None:
+def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path | None) -> None:
     from repro.figures import reproduce
     from repro.figures.style import write_text
     from repro.results import atomic_write_text
@@ -148,7 +151,10 @@ def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path) ->
     table, blocks, claims_md = generated(results_dir)
     write_text(figures_dir, "claims.md", claims_md)
     write_text(figures_dir, "README.md", reproduce.index(results_dir, figures_dir))
-    if reproduce_md.is_file():
+    if reproduce_md is None:
+        log(f"[claims] {results_dir} is not the repository's results/: REPRODUCE.md left alone "
+            f"(--reproduce-md FILE to write one)")
+    elif reproduce_md.is_file():
         text = reproduce_md.read_text()
         for name, body in blocks.items():
             text = reproduce.replace_block(text, name, body)
@@ -191,6 +197,9 @@ def check(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> int:
 
 def main(argv=None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()  # staleness of the cells read (captions) hashes data files: memo in the project
     unknown = [n for n in a.names if n not in ARTEFACTS]
     if unknown:
         log(f"unknown figure/table {unknown}; known: {', '.join(ARTEFACTS)}")
@@ -200,10 +209,16 @@ def main(argv=None) -> int:
         return 2
     names = a.names or list(ARTEFACTS)
     results_dir, figures_dir = Path(a.results_dir).resolve(), Path(a.figures_dir)
-    reproduce_md = Path(a.reproduce_md)
+    repo = CONF_EXP.parent.parent
+    if a.reproduce_md is not None:
+        reproduce_md: Path | None = Path(a.reproduce_md)
+    elif results_dir == (repo / "results").resolve():
+        reproduce_md = repo / "REPRODUCE.md"
+    else:  # other results never overwrite the repository's REPRODUCE.md
+        reproduce_md = None
     if a.check:
         with memoized_loads():
-            return check(results_dir, figures_dir, reproduce_md)
+            return check(results_dir, figures_dir, reproduce_md or repo / "REPRODUCE.md")
     t0 = time.perf_counter()
     problems = run_missing(names, results_dir, figures_dir) if a.run_missing else []
     t_run = time.perf_counter() - t0

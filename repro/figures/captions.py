@@ -4,7 +4,8 @@ Every caption says: the backend (sim = this repository's discrete-event simulato
 real SGLang servers), the model (weight dtype, tensor parallelism) and GPU, the seeds (and
 that values are mean ± SD over them when there are several), any synthetic stand-in data
 (workload provenance `synthetic: true`), the tokenizer, and the ShareGPT truncation note
-when the packaged file was cut short (`file_truncated: true`).
+when the packaged file was cut short (`file_truncated: true`), and how many cells are stale
+(repro.harness.freshness: made by other code/data than this checkout; kept by keep_stale=true).
 """
 
 from __future__ import annotations
@@ -105,4 +106,8 @@ def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     if s:
         parts.append(s)
     parts.extend(data_text(df))
+    stale = int(_truthy(df, "stale").sum())
+    if stale:
+        parts.append(f"STALE: {stale} of {len(df)} cells were computed by other code, data or library versions "
+                     f"than this checkout's (`python -m repro.results status`; a rerun of the experiment recomputes them)")
     return ". ".join(parts) + "."

@@ -135,6 +135,16 @@ def load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     return _load_cells(results_dir, exp)
 
 
+def _is_stale(cell_dir: Path, config: dict) -> bool:
+    """Made by other code/data/libraries than this checkout's (kept by keep_stale=true)? Captions say so."""
+    from repro.harness.freshness import cell_fingerprint, cell_state
+
+    try:
+        return cell_state(cell_dir, cell_fingerprint(config))[0] == "stale"
+    except Exception:  # cannot even compute what it would be now: not what this checkout makes
+        return True
+
+
 def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     rows, summary_cols = [], set()
     for d in cell_dirs(results_dir, exp):
@@ -147,7 +157,7 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
             raise ResultsError(f"{d}: summary.json without config.yaml (a cell folder must hold both)")
         config = yaml.load(config_path.read_text(), Loader=_YAML_LOADER) or {}
         timings = _read_json(d / "timings.json") if (d / "timings.json").is_file() else {}
-        row = {"exp": exp, "signature": d.name}
+        row = {"exp": exp, "signature": d.name, "stale": _is_stale(d, config)}
         row.update(flatten(config))
         for k, v in summary.items():
             if k == "provenance":
@@ -212,7 +222,7 @@ def require(df: pd.DataFrame, exp: str, columns: Iterable[str] = ()) -> pd.DataF
 
 def _config_columns(df: pd.DataFrame) -> list[str]:
     """Result-affecting config fields (not summary, provenance, timings or bookkeeping)."""
-    skip = set(SUMMARY_KEYS) | set(DERIVED) | set(df.attrs.get("summary_columns", ())) | {"exp", "signature"}
+    skip = set(SUMMARY_KEYS) | set(DERIVED) | set(df.attrs.get("summary_columns", ())) | {"exp", "signature", "stale"}
     out = []
     for c in df.columns:
         if c in skip or c.startswith(("prov.", "timings.")):

@@ -4,7 +4,7 @@ Entry point: `python -m repro.run +exp=NAME [overrides] [-m] [--dry-run]` (repro
 
     expand_grid(params, overrides) -> list[Cell]           # Hydra's parser + basic sweeper order
     plan_cells(params, overrides, compose_fn) -> list[Cell] # + compose, sign, validate (ConfigError)
-    run_specs(specs, n_jobs) -> list[CellOutcome]           # process pool, skips finished cells
+    run_specs(specs, n_jobs) -> list[CellOutcome]           # worker pool (harness.pool), skips fresh cells
     run_cell_spec(spec) -> CellOutcome                      # one cell into results/<exp>/<sig>/
 """
 

@@ -41,6 +41,9 @@ class ValidateGridCallback(Callback):
             print(f"repro.run: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         log.info("validated %d cell(s)", len(cells))
+        from repro.harness.cell import begin_sweep
+
+        begin_sweep()  # jobs run in this process (basic launcher): a failed W&B start is tried once
         self._multirun_start(cells)
 
     # -- progress lines and the final table of -m runs (repro.harness.progress)
@@ -60,6 +63,9 @@ class ValidateGridCallback(Callback):
             progress.update(failed=getattr(job_return, "status", None) == JobStatus.FAILED)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from repro.harness.cell import end_sweep
+
+        end_sweep()
         if getattr(self, "_specs", None) is None:
             return
         from repro.harness.progress import outcomes_from_store

@@ -2,18 +2,24 @@
 
 Order of work (a crash at any point loses nothing already finished and leaves no corrupt
 file behind: every write is atomic, see repro.results.store):
-1. summary.json present -> the cell is finished: skip it.
-2. Otherwise the folder holds at most an unfinished attempt (killed or failed): clear it.
-3. config.yaml (the resolved cell config, sorted keys).
-4. The backend runs (W&B tracking alongside, never in the way; live cells stream to W&B).
-5. requests.parquet (RECORD_COLUMNS, deterministic bytes), timings.json (the backend's
+1. summary.json present and fresh (fingerprint.json equal to this checkout's, see
+   repro.harness.freshness; or `keep_stale`) -> the cell is finished: skip it.
+2. Take the cell's lock (repro.results.lock): another live process computing it -> wait for it
+   (or hand back "busy"); re-check 1 under the lock.
+3. The folder holds at most an unfinished or stale attempt: clear it (the lock excepted).
+4. config.yaml (the resolved cell config, sorted keys).
+5. The backend runs (W&B tracking alongside, never in the way; live cells stream to W&B; a
+   failed W&B start turns tracking off for the rest of the sweep).
+6. requests.parquet (RECORD_COLUMNS, deterministic bytes) and requests.sha256 (its hash, committed
+   with the results while the parquet is not), timings.json (the backend's
    wall-clock timings at the top level + a `harness` entry: backend wall time, host, pid, start;
-   never part of any identity check), timeseries.parquet (repro.tracking.series; not with
-   tracking=disabled), then summary.json LAST (repro.metrics.summarize + provenance), then
-   the cell's W&B run (repro.tracking).
+   never part of any identity check), fingerprint.json (the inputs this process computed it
+   from), then summary.json LAST (repro.metrics.summarize + provenance).
    A backend that returns a plain dict (theory) has no requests.parquet: that dict is the
    summary.
-A failing cell writes error.txt (the traceback) and no summary.json; the sweep goes on.
+A failing cell writes error.txt (the traceback) and no summary.json; the sweep goes on. Every
+failure, folder errors included, stays in the cell's outcome. Ctrl-C / SIGTERM (`Stopped`)
+remove the cell's partial files and release its lock.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ from typing import Any, Mapping
 
 from repro.harness import faults
 from repro.results import CellStore
+from repro.results.fingerprint import FINGERPRINT
+from repro.results.fingerprint import file_sha256 as sha256_file
+from repro.results.lock import LOCK, CellLock
 
 CONFIG = "config.yaml"
 REQUESTS = "requests.parquet"
+REQUESTS_SHA256 = "requests.sha256"
 TIMINGS = "timings.json"
 ERROR = "error.txt"
 
@@ -51,18 +61,20 @@ class CellSpec:
     signature: str
     results_dir: str  # absolute
     exp_name: str
+    keep_stale: bool = False  # a finished cell counts as done even if its fingerprint differs
 
 
 @dataclass
 class CellOutcome:
     index: int
     signature: str
-    status: str  # "ran" | "skipped" | "failed"
+    status: str  # "ran" | "skipped" | "failed" | "busy" (locked by another live process)
     dir: str
     summary: dict | None = None
     error: str | None = None
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    traceback: str | None = None
 
 
 def package_versions() -> dict[str, str]:
@@ -97,15 +109,64 @@ def provenance(cfg: Mapping[str, Any], backend_provenance: Mapping[str, Any] | N
     return prov
 
 
+class Stopped(BaseException):
+    """SIGTERM (scancel, kill) or the sweep stopping: unwind the running cell and leave nothing half-done."""
+
+
+# W&B: within one sweep (an in-process grid, its workers through a shared event, or the jobs of
+# a -m sweep that run in the launching process), after the first failed start tracking is off for
+# the rest of it (one warning). A lone run_cell_spec call outside any sweep always tries.
+_tracking: dict = {"sweep": False, "off": False, "event": None}
+
+
+def begin_sweep(event: Any = None) -> None:
+    """A sweep starts (event: a multiprocessing.Event shared by its workers; set = tracking off)."""
+    _tracking.update(sweep=True, off=False, event=event)
+
+
+def end_sweep() -> None:
+    _tracking.update(sweep=False, off=False, event=None)
+
+
+def tracking_off() -> bool:
+    ev = _tracking["event"]
+    return _tracking["sweep"] and (_tracking["off"] or (ev is not None and ev.is_set()))
+
+
+def _turn_tracking_off() -> None:
+    if not _tracking["sweep"]:
+        return
+    _tracking["off"] = True
+    if _tracking["event"] is not None:
+        _tracking["event"].set()
+
+
 def _clear_unfinished(store: CellStore) -> None:
-    """Remove an unfinished attempt (partial files, temp files, its W&B dir, error.txt)."""
+    """Remove an unfinished (or stale) attempt: every file but the lock we hold."""
     if not store.dir.exists():
         return
     for child in store.dir.iterdir():
+        if child.name == LOCK:
+            continue
         if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
+            shutil.rmtree(child, ignore_errors=True)
         else:
-            child.unlink()
+            child.unlink(missing_ok=True)
+
+
+def current_state(store: CellStore, cfg: Mapping, keep_stale: bool) -> tuple[str, list[str]]:
+    """missing | fresh | stale of this cell folder (stale counts as fresh with keep_stale)."""
+    if not store.is_finished():
+        return "missing", []
+    if keep_stale:
+        return "fresh", []
+    from repro.harness.freshness import cell_fingerprint, cell_state
+
+    try:
+        current = cell_fingerprint(cfg)
+    except Exception as exc:  # e.g. its data file is gone: this checkout cannot make that cell
+        return "stale", [f"cannot compute its fingerprint here: {type(exc).__name__}: {exc}"]
+    return cell_state(store.dir, current)
 
 
 def _records_frame(records: Any):
@@ -121,36 +182,93 @@ def _records_frame(records: Any):
     return records.loc[:, list(RECORD_COLUMNS)].reset_index(drop=True)
 
 
-def run_cell_spec(spec: CellSpec) -> CellOutcome:
-    """Run (or skip) one cell. Never raises for a failing backend: the outcome says so."""
+def run_cell_spec(spec: CellSpec, *, wait: bool = True, poll_s: float = 1.0) -> CellOutcome:
+    """Run (or skip) one cell. Never raises for a failing backend or folder: the outcome says so.
+
+    A cell another live process is computing (its lock) is waited for (`wait`, the -m path:
+    one job = one cell) or handed back with status "busy" (the in-process sweep retries it
+    later). KeyboardInterrupt / Stopped unwind it: its partial files are removed, the lock
+    released, and the exception goes on.
+    """
+    t0 = time.perf_counter()
+    store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
+    out = CellOutcome(spec.index, spec.signature, "skipped", str(store.dir))
+    lock = CellLock(store.dir)
+    try:
+        while True:
+            state, why = current_state(store, spec.config, spec.keep_stale)
+            if state == "fresh":
+                out.summary = store.read_summary()
+                out.extra["kept_stale"] = bool(spec.keep_stale)
+                return out
+            if lock.try_acquire():
+                state, why = current_state(store, spec.config, spec.keep_stale)  # finished meanwhile?
+                if state == "fresh":
+                    out.summary = store.read_summary()
+                    return out
+                break
+            if not wait:
+                out.status = "busy"
+                return out
+            time.sleep(poll_s)
+    except (Exception, Stopped, KeyboardInterrupt) as exc:
+        lock.release()
+        if not isinstance(exc, Exception):
+            raise
+        return _failed(out, store, exc, t0, write=False)
+    if state == "stale":
+        out.extra["was_stale"] = why
+    try:
+        return _compute(spec, store, lock, out, t0)
+    finally:
+        lock.release()
+
+
+def _failed(out: CellOutcome, store: CellStore, exc: BaseException, t0: float, write: bool = True) -> CellOutcome:
+    out.status = "failed"
+    out.error = f"{type(exc).__name__}: {exc}"
+    out.traceback = traceback.format_exc()
+    if write and not store.is_finished():
+        try:
+            store.write_text(ERROR, out.traceback)
+            out.extra["error_file"] = str(store.dir / ERROR)
+        except Exception:  # full disk, read-only folder: the error stays in the outcome
+            pass
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t0: float) -> CellOutcome:
     from omegaconf import OmegaConf
 
     from repro.backends import get_backend
     from repro.backends.base import CellResult
+    from repro.harness.freshness import cell_fingerprint
     from repro.metrics import summarize
-    from repro.tracking import start_cell_tracking
+    from repro.tracking import CellTracker, start_cell_tracking
 
-    t0 = time.perf_counter()
-    store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
-    out = CellOutcome(spec.index, spec.signature, "skipped", str(store.dir))
-    if store.is_finished():
-        out.summary = store.read_summary()
-        return out
-
-    _clear_unfinished(store)
     cfg = spec.config
-    store.write_text(CONFIG, OmegaConf.to_yaml(OmegaConf.create(cfg), sort_keys=True))
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    tracker = start_cell_tracking(
-        cfg.get("tracking"),
-        cell_dir=store.dir,
-        signature=spec.signature,
-        exp_name=spec.exp_name,
-        config=cfg,
-        name=spec.label,
-    )
+    tracker: Any = CellTracker()
     failed = True
     try:
+        _clear_unfinished(store)
+        store.write_text(CONFIG, OmegaConf.to_yaml(OmegaConf.create(cfg), sort_keys=True))
+        fingerprint = cell_fingerprint(cfg)  # this process's code/data: it is what computes the cell
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        tracking = dict(cfg.get("tracking") or {})
+        if tracking_off():
+            tracking["mode"] = "disabled"
+        tracker = start_cell_tracking(
+            tracking,
+            cell_dir=store.dir,
+            signature=spec.signature,
+            exp_name=spec.exp_name,
+            config=cfg,
+            name=spec.label,
+        )
+        if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
+            _turn_tracking_off()  # start failed (it warned): no other cell of this sweep tries again
+            out.extra["tracking_failed"] = True
         faults.checkpoint("start")
         backend = get_backend(str(cfg["backend"]["name"]))
         tb0 = time.perf_counter()
@@ -162,7 +280,9 @@ def run_cell_spec(spec: CellSpec) -> CellOutcome:
             records = _records_frame(result.records)
             summary = summarize(records, provenance(cfg, result.provenance, spec.signature))
             backend_timings = dict(result.timings or {})
-            store.write_parquet(REQUESTS, records)
+            parquet = store.write_parquet(REQUESTS, records)
+            # committed beside summary.json (the parquet itself is git-ignored): CI reruns check it
+            store.write_text(REQUESTS_SHA256, f"{sha256_file(parquet)}  {REQUESTS}\n")
         elif isinstance(result, Mapping):
             summary = {k: v for k, v in result.items() if k not in ("provenance", "timings")}
             summary["provenance"] = provenance(cfg, result.get("provenance"), spec.signature)
@@ -179,20 +299,28 @@ def run_cell_spec(spec: CellSpec) -> CellOutcome:
         }
         store.write_json(TIMINGS, timings)
         tracker.write_series(store.dir, records, getattr(result, "samples", None))  # timeseries.parquet
+        store.write_json(FINGERPRINT, fingerprint)
         faults.checkpoint("before_summary")
+        if not lock.still_mine():
+            raise RuntimeError(f"lost the lock of {store.dir} (broken by another process); not finishing it")
         store.write_json("summary.json", summary)  # last: marks the cell finished
         failed = False
         out.status, out.summary = "ran", summary
         tracker.progress(1.0)
         tracker.log_result(summary, records)
     except Exception as exc:
-        out.status = "failed"
-        out.error = f"{type(exc).__name__}: {exc}"
-        try:
-            store.write_text(ERROR, traceback.format_exc())
-        except Exception:  # the error itself is in the outcome
-            pass
+        _failed(out, store, exc, t0)
+    except (Stopped, KeyboardInterrupt):
+        if not store.is_finished():
+            _clear_unfinished(store)  # no half-written cell
+        raise
     finally:
-        tracker.finish(failed=failed)
+        try:
+            tracker.finish(failed=failed)
+        except BaseException:  # never in the way of the cell's outcome
+            pass
+        if getattr(tracker, "failed", False) and not out.extra.get("tracking_failed"):
+            _turn_tracking_off()  # e.g. an online upload that failed at the end of the cell
+            out.extra["tracking_failed"] = True
         out.wall_s = time.perf_counter() - t0
     return out

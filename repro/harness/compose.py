@@ -14,31 +14,10 @@ from repro.results import run_signature
 _OPTIONAL_TOP_KEYS = ("theory", "local")
 
 
-# Real-valued knobs in open (schema-less) groups: `workload.request_rate=8` and `=8.0` must be the
-# same cell (same signature, same bytes), so integers there are stored as floats.
-CANONICAL_FLOATS = (
-    "workload.request_rate",
-    "workload.shared_prefix_ratio",
-    "router.decay_interval_s",
-    "router.decay_factor",
-)
-
-
-def _canonical_floats(cfg: dict) -> None:
-    for dotted in CANONICAL_FLOATS:
-        *path, last = dotted.split(".")
-        node = cfg
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(last), int) and not isinstance(node.get(last), bool):
-            node[last] = float(node[last])
-
-
 def resolve(cfg: DictConfig | Mapping) -> dict:
     """Plain, fully resolved containers (what signatures, workers and config.yaml see)."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
-        _canonical_floats(cfg)
     # `hydra` never belongs to a cell; schema-only optional keys left at null are dropped so
     # that a cell config is the same whether or not the schema took part in composition.
     return {k: v for k, v in cfg.items() if k != "hydra" and not (k in _OPTIONAL_TOP_KEYS and v is None)}
@@ -56,6 +35,27 @@ def cell_signature(cfg: Mapping) -> str:
         except Exception:  # unknown/unimportable backends are reported by validation
             identity = None
     return run_signature(identity(cfg) if identity is not None else cfg)
+
+
+def canonical_types(cfg: DictConfig, base: DictConfig, keys: Sequence[str]) -> None:
+    """Give each command-line/grid value the type of the setting it replaces, so that equal
+    settings are one cell: `router.rls_pool_regularization=3` and `=3.0` both become 3.0 (the
+    option's YAML says 3.0), `cluster.num_workers=4.0` becomes 4. The types come from the
+    composed defaults of the cell's own group options (the structured schema, ReproSchema,
+    already converts the keys it types); a key without a default (null, or added with `+`)
+    keeps the value's own type."""
+    for key in keys:
+        try:
+            old = OmegaConf.select(base, key, throw_on_missing=False)
+            new = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except Exception:  # interpolation to a key the override removed: nothing to compare
+            continue
+        if isinstance(old, bool) or isinstance(new, bool) or old is None or new is None:
+            continue
+        if isinstance(old, float) and isinstance(new, int):
+            OmegaConf.update(cfg, key, float(new), merge=False)
+        elif isinstance(old, int) and isinstance(new, float) and new.is_integer():
+            OmegaConf.update(cfg, key, int(new), merge=False)
 
 
 class GridComposer:
@@ -124,9 +124,25 @@ class GridComposer:
             self._bases[key] = (full, choices)
         base, choices = self._bases[key]
         if any(ov.key_or_group.lstrip("+~") in choices for ov in values):
-            return self._compose(overrides, with_hydra=False)
-        cfg = copy.deepcopy(base)
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            cfg = self._compose(overrides, with_hydra=False)
+        else:
+            cfg = copy.deepcopy(base)
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        canonical_types(cfg, base, [ov.key_or_group.lstrip("+~") for ov in values])
+        return cfg
+
+    def canonicalize(self, cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+        """`cfg` composed elsewhere (a -m job) from `overrides`, with this composer's canonical types."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        repo = self._repo(tuple(ov.input_line for ov in parsed if ov.is_hydra_override()))
+        is_value = [self._maybe_value(ov, repo) for ov in parsed]
+        structural = tuple(text for text, v in zip(overrides, is_value) if not v)
+        if structural not in self._bases:
+            self(list(structural))
+        base, _ = self._bases[structural]
+        canonical_types(cfg, base, [ov.key_or_group.lstrip("+~") for ov, v in zip(parsed, is_value) if v])
         return cfg
 
 

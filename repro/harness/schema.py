@@ -63,6 +63,7 @@ class ReproSchema:
     exp_name: str = "adhoc"
     results_dir: str = "results"
     n_jobs: Optional[int] = None  # local processes for the in-process grid; null = usable CPUs
+    keep_stale: bool = False  # finished cells made by other code/data count as done (figures say so)
     policy_name: Optional[str] = None
     cluster: ClusterSchema = field(default_factory=ClusterSchema)
     model: Dict[str, Any] = field(default_factory=dict)
@@ -78,8 +79,14 @@ class ReproSchema:
 
 
 def register_schemas() -> None:
-    """Idempotent: store the schema as option `repro` of group `schema`."""
+    """Idempotent: store the schema as option `repro` of group `schema`; `${repro_root:}` = the project."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(group=SCHEMA_GROUP, name=SCHEMA_NAME, node=ReproSchema)
+    root = str(Path(__file__).resolve().parents[2])
+    OmegaConf.register_new_resolver("repro_root", lambda: root, replace=True)
 
 
 register_schemas()

@@ -1,28 +1,26 @@
 """The in-process grid: plan (expand + compose + validate every cell), run on local cores, report.
 
-`python -m repro.run +exp=NAME` ends up in `run_sweep`. Cells run in a process pool of
-`n_jobs` workers (spawn start method: no fork of a process that may hold threads, e.g.
-tqdm's monitor or a W&B service), one cell per task; with n_jobs == 1 (or a single cell)
-they run in this process. Each cell is self-contained and seeded from its own config, so
-n_jobs never changes a result. Finished cells are skipped before any worker starts, and
-two cells with the same signature run once.
+`python -m repro.run +exp=NAME` ends up in `run_sweep`. Cells run on `n_jobs` worker
+processes (repro.harness.pool: spawn, one cell at a time, stoppable); with n_jobs == 1 (or a
+single cell) they run in this process. Each cell is self-contained and seeded from its own
+config, so n_jobs never changes a result. Fresh finished cells are skipped before any worker
+starts (stale ones rerun unless keep_stale=true), two cells with the same signature run once,
+and cells another sweep is computing are waited for (their lock), never duplicated.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from repro.harness.cell import CellOutcome, CellSpec, run_cell_spec
+from repro.harness.cell import CellOutcome, CellSpec, Stopped
 from repro.harness.compose import compose_cells
 from repro.harness.grid import Cell, expand_grid
-from repro.harness.validate import validate_configs
+from repro.harness.validate import ConfigError, validate_configs
 from repro.results import CellStore
 
 TABLE_METRICS = (
@@ -59,15 +57,13 @@ def plan_cells(
 
 
 def absolute_results_dir(results_dir: str) -> str:
-    """Relative results_dir is relative to where the user launched (Hydra's runtime.cwd if set)."""
+    """A relative results_dir is relative to the project (the checkout holding conf/), not the cwd:
+    `results` means the repository's results/ from any directory."""
+    from repro.harness.freshness import PROJECT_ROOT
+
     path = Path(results_dir).expanduser()
     if not path.is_absolute():
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            base = Path(HydraConfig.get().runtime.cwd)
-        except Exception:
-            base = Path.cwd()
+        base = PROJECT_ROOT if (PROJECT_ROOT / "conf").is_dir() else Path.cwd()
         path = base / path
     return str(path)
 
@@ -81,6 +77,7 @@ def make_specs(cells: Sequence[Cell]) -> list[CellSpec]:
             signature=c.signature,
             results_dir=absolute_results_dir(str(c.config["results_dir"])),
             exp_name=str(c.config["exp_name"]),
+            keep_stale=bool(c.config.get("keep_stale", False)),
         )
         for c in cells
     ]
@@ -92,20 +89,52 @@ def _bar(total: int, desc: str):
     return SweepProgress(total, desc)
 
 
-def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = "cells") -> list[CellOutcome]:
-    """Run every cell not yet finished; outcomes in the order of `specs`."""
+def cell_states(specs: Sequence[CellSpec]) -> list[tuple[str, list[str]]]:
+    """missing | fresh | stale (+ reasons) of every spec's folder, against this checkout."""
+    from repro.harness.cell import current_state
+
+    return [current_state(CellStore(s.results_dir, s.exp_name, s.signature), s.config, False) for s in specs]
+
+
+def check_writable(specs: Sequence[CellSpec]) -> None:
+    """Every results folder the sweep writes is creatable and writable (ConfigError otherwise)."""
+    import tempfile
+
+    bad = []
+    for root in sorted({str(Path(s.results_dir) / s.exp_name) for s in specs}):
+        try:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=root, prefix=".tmp-probe."):
+                pass
+        except OSError as exc:
+            bad.append(f"results folder {root} is not writable: {exc.strerror or exc}")
+    if bad:
+        raise ConfigError("invalid configuration: nothing was run.\n  - " + "\n  - ".join(bad))
+
+
+def run_specs(
+    specs: Sequence[CellSpec],
+    n_jobs: int | None = None,
+    desc: str = "cells",
+    states: Sequence[tuple[str, list[str]]] | None = None,
+) -> list[CellOutcome]:
+    """Run every cell not finished (or stale, unless spec.keep_stale); outcomes in `specs` order."""
+    from repro.harness.pool import run_cells
+
+    states = list(states) if states is not None else cell_states(specs)
     outcomes: dict[int, CellOutcome] = {}
     first_of: dict[tuple[str, str, str], int] = {}
     todo: list[CellSpec] = []
-    for spec in specs:
+    for spec, (state, why) in zip(specs, states):
         key = (spec.results_dir, spec.exp_name, spec.signature)
         store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
         if key in first_of:
             continue  # same signature as an earlier cell: filled in below
         first_of[key] = spec.index
-        if store.is_finished():
+        if state == "fresh" or (state == "stale" and spec.keep_stale):
             outcomes[spec.index] = CellOutcome(
-                spec.index, spec.signature, "skipped", str(store.dir), summary=store.read_summary()
+                spec.index, spec.signature, "skipped", str(store.dir), summary=store.read_summary(),
+                extra={"stale": why} if state == "stale" else {},
             )
         else:
             todo.append(spec)
@@ -113,34 +142,18 @@ def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = 
     n_jobs = usable_cpus() if n_jobs is None else int(n_jobs)
     n_jobs = max(1, min(n_jobs, len(todo)))
     bar = _bar(len(todo), desc)
+    warned = []
+
+    def done(out: CellOutcome) -> None:
+        outcomes[out.index] = out
+        if out.extra.get("tracking_failed") and not warned:
+            warned.append(out.index)
+            print(f"repro.run: warning: W&B tracking failed to start (cell {out.index}); tracking is off for "
+                  f"the rest of this sweep, local results are unaffected", file=sys.stderr, flush=True)
+        bar.update(failed=out.status == "failed")
+
     try:
-        if n_jobs == 1:
-            for spec in todo:
-                out = run_cell_spec(spec)
-                outcomes[spec.index] = out
-                bar.update(failed=out.status == "failed")
-        elif todo:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
-                futures = {pool.submit(run_cell_spec, spec): spec for spec in todo}
-                for fut in as_completed(futures):
-                    spec = futures[fut]
-                    try:
-                        out = fut.result()
-                    except BrokenProcessPool as exc:
-                        out = CellOutcome(
-                            spec.index,
-                            spec.signature,
-                            "failed",
-                            str(CellStore(spec.results_dir, spec.exp_name, spec.signature).dir),
-                            error=f"worker process died before finishing this cell ({exc}); rerun to resume",
-                        )
-                    except Exception as exc:  # pickling or other pool-level errors
-                        out = CellOutcome(
-                            spec.index, spec.signature, "failed", "", error=f"{type(exc).__name__}: {exc}"
-                        )
-                    outcomes[spec.index] = out
-                    bar.update(failed=out.status == "failed")
+        run_cells(todo, n_jobs, done)
     finally:
         bar.close()
 
@@ -154,7 +167,7 @@ def run_specs(specs: Sequence[CellSpec], n_jobs: int | None = None, desc: str = 
                 first.dir,
                 summary=first.summary,
                 error=first.error,
-                extra={"same_as_cell": first.index},
+                extra={"same_as_cell": first.index, **({"stale": first.extra["stale"]} if "stale" in first.extra else {})},
             )
     return [outcomes[s.index] for s in specs]
 
@@ -173,7 +186,7 @@ def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
         row: dict[str, Any] = {"cell": c.index}
         for k in swept_keys:
             row[k] = c.swept.get(k)
-        row["status"] = o.status
+        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else " (was stale)" if o.extra.get("was_stale") else "")
         row["sig"] = o.signature
         summ = o.summary or {}
         keys = [k for k in TABLE_METRICS if k in summ] or [k for k in THEORY_METRICS if k in summ] or [
@@ -212,20 +225,51 @@ def run_sweep(
     cells = plan_cells(params, overrides, compose_fn)
     specs = make_specs(cells)
     exp = specs[0].exp_name if specs else "?"
+    states = cell_states(specs)
     if dry_run:
-        done = [CellStore(s.results_dir, s.exp_name, s.signature).is_finished() for s in specs]
-        for s, d in zip(specs, done):
-            print(f"{s.index:4d}  {s.signature}  {'finished' if d else 'missing '}  {s.label}", file=out)
-        print(f"{exp}: {len(specs)} cell(s), {sum(done)} finished, {len(specs) - sum(done)} to run", file=out)
+        for s, (state, why) in zip(specs, states):
+            note = f"  ({'; '.join(why)})" if why else ""
+            print(f"{s.index:4d}  {s.signature}  {state:8s}  {s.label}{note}", file=out)
+        n_fresh = sum(st == "fresh" for st, _ in states)
+        n_stale = sum(st == "stale" for st, _ in states)
+        keep = bool(specs) and specs[0].keep_stale
+        to_run = len(specs) - n_fresh - (n_stale if keep else 0)
+        print(f"{exp}: {len(specs)} cell(s), {n_fresh} finished, {n_stale} stale"
+              f"{' (kept: keep_stale=true)' if keep else ''}, {to_run} to run", file=out)
         return 0
+    check_writable(specs)
     if n_jobs is None:
         n_jobs = cells[0].config.get("n_jobs") if cells else None
-    outcomes = run_specs(specs, n_jobs=n_jobs, desc=exp)
+    stopped = None
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _raise_stopped)  # scancel / kill: stop like Ctrl-C
+    outcomes: list[CellOutcome] = []
+    try:
+        outcomes = run_specs(specs, n_jobs=n_jobs, desc=exp, states=states)
+    except (KeyboardInterrupt, Stopped) as exc:
+        stopped = exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    root = Path(specs[0].results_dir) / exp if specs else Path(".")
+    if stopped is not None:
+        print(f"{exp}: stopped ({'Ctrl-C' if isinstance(stopped, KeyboardInterrupt) else stopped}); finished cells "
+              f"are kept, the interrupted ones left no files; rerun to resume -> {root}", file=sys.stderr)
+        return 130 if isinstance(stopped, KeyboardInterrupt) else 143
     print(format_table(summary_table(cells, outcomes)), file=out)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "skipped", "failed")}
-    root = Path(specs[0].results_dir) / exp if specs else Path(".")
-    print(f"{exp}: {counts['ran']} ran, {counts['skipped']} skipped (finished), {counts['failed']} failed -> {root}", file=out)
+    n_stale = sum(bool(o.extra.get("stale")) for o in outcomes)
+    n_rerun = sum(bool(o.extra.get("was_stale")) for o in outcomes)
+    kept = f", {n_stale} of them stale (kept: keep_stale=true)" if n_stale else ""
+    rerun = f" ({n_rerun} were stale)" if n_rerun else ""
+    print(f"{exp}: {counts['ran']} ran{rerun}, {counts['skipped']} skipped (finished{kept}), {counts['failed']} failed "
+          f"-> {root}", file=out)
     for o in outcomes:
         if o.status == "failed" and not o.extra.get("same_as_cell"):
-            print(f"  cell {o.index} FAILED: {o.error}  (traceback: {Path(o.dir) / 'error.txt'})", file=out)
+            where = f"(traceback: {o.extra['error_file']})" if o.extra.get("error_file") else \
+                f"(no error.txt could be written; last line: {(o.traceback or '').strip().splitlines()[-1:]})"
+            print(f"  cell {o.index} FAILED: {o.error}  {where}", file=out)
     return exit_code(outcomes)
+
+
+def _raise_stopped(signum, frame):  # noqa: ARG001
+    raise Stopped(f"signal {signum}")

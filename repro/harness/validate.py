@@ -10,8 +10,7 @@ Three layers, cheapest first, all on the resolved config of each cell:
    the step-cost model, the per-worker KV capacity, and the workload
    (`build_workload(cfg.workload, cfg.seed)`, whose `max_request_tokens` must fit one
    worker's cache: "cache smaller than one request"). Each distinct sub-config is built once.
-   A component whose package has not landed yet (ImportError of the package's entry point)
-   is skipped; a `_target_` that cannot be imported is an error.
+   A component that cannot be imported is an error of the cells that use it.
 
 All problems of all cells are gathered into one ConfigError, grouped by message.
 """
@@ -163,37 +162,26 @@ class _Memo:
         if key not in self._seen:
             try:
                 self._seen[key] = ("ok", build())
-            except _Skip:
-                self._seen[key] = ("skip", None)
             except Exception as exc:  # reported as the cell's error
                 self._seen[key] = ("error", f"{type(exc).__name__}: {exc}")
         return self._seen[key]
 
 
-class _Skip(Exception):
-    """The component's package has not landed yet: nothing to check against."""
-
-
 def _import(module: str, name: str) -> Any:
+    """module.name; a missing module or name is an error of the cell (never "nothing to check")."""
     import importlib
 
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise _Skip() from exc
-    obj = getattr(mod, name, None)
+    obj = getattr(importlib.import_module(module), name, None)
     if obj is None:
-        raise _Skip()
+        raise ImportError(f"{module} has no {name}")
     return obj
 
 
 def workload_seed(seed: int) -> int:
     """The seed the backends build the workload with (repro.sim.SeedPlan), so that validation checks
     the very requests a cell will serve and leaves them in the workload disk cache for it."""
-    try:
-        from repro.sim.cluster import SeedPlan
-    except ImportError:
-        return seed
+    from repro.sim.cluster import SeedPlan
+
     return int(SeedPlan.spawn(seed, 1).workload)
 
 
@@ -255,8 +243,6 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     cap_status, cap = memo.get("capacity", [model, hardware, frac, kv], capacity)
     if cap_status == "error":
         errs.append(f"KV capacity (model {model.get('name')}, {hardware.get('name')}, mem_fraction {frac}): {cap}")
-        cap = None
-    elif cap_status == "skip":
         cap = None
 
     def build_eviction() -> Any:

@@ -17,11 +17,22 @@ from typing import Any
 SUMMARY = "summary.json"
 
 
+def _file_mode() -> int:
+    """0666 minus the process umask: what open() would give, not mkstemp's private 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # collaborators on shared storage can read results
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

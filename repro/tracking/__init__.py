@@ -239,6 +239,7 @@ class _Guarded(CellTracker):
         super().__init__()
         self._inner: CellTracker | None = inner
         self.run_dir = inner.run_dir
+        self.failed = False  # set by the first failure (the harness then stops tracking the sweep)
 
     def _call(self, what: str, *args: Any, **kwargs: Any) -> None:
         if self._inner is None:
@@ -247,6 +248,7 @@ class _Guarded(CellTracker):
             getattr(self._inner, what)(*args, **kwargs)
         except Exception as exc:
             _warn(what, exc)
+            self.failed = True
             inner, self._inner = self._inner, None
             if what != "finish":
                 try:

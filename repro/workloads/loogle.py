@@ -105,7 +105,8 @@ class LooGLEWorkload(WorkloadSpec):
             return stand_in
         path = self._path()
         if not path.is_file():
-            if self.cfg["source"] == "real":
+            # an explicit path that holds no data is a mistake, not a request for the stand-in
+            if self.cfg["source"] == "real" or self.cfg["path"] is not None:
                 raise missing_data(
                     "loogle", path, f"{DATASET_ID}, config {self.cfg['config']}",
                     f"the {self.cfg['config']} split as jsonl, one document per line",

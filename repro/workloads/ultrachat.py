@@ -89,7 +89,8 @@ class UltraChatWorkload(WorkloadSpec):
         path = self._path()
         files = data_files(path, EXTS)
         if not files:
-            if self.cfg["source"] == "real":
+            # an explicit path that holds no data is a mistake, not a request for the stand-in
+            if self.cfg["source"] == "real" or self.cfg["path"] is not None:
                 raise missing_data(
                     "ultrachat", path, DATASET_ID,
                     "a raw UltraChat .jsonl or ultrachat_200k .parquet file, or a folder of them",

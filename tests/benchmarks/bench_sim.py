@@ -4,11 +4,9 @@ Cell: 4 workers, GSP 64 groups x 16 prompts, 2048-token system prompts + 128-tok
 4 output tokens, 12 req/s Poisson, random order, 1024 queries, Llama-3.1-8B on L40;
 systems LBGR+RLT and CacheAware+LRU (conf/router/{lbgr,cache_aware}.yaml, conf/eviction/{rlt,lru}.yaml).
 
-Uses the real parts when they are importable (repro.workloads.build_workload,
-repro.costmodel.StepCostModel + conf/model + conf/hardware, repro.kvcache.make_cache, routers
-from conf/router); otherwise the test fakes (tests/sim/sim_fakes.py: GSP-shaped generator,
-fixed-coefficient cost model of L40-like magnitude, token-per-node TrieCache, random
-router) -- it prints which. Every run is timed side by side in this one process, and the
+Uses the real parts (repro.workloads.build_workload, repro.costmodel.StepCostModel + conf/model +
+conf/hardware, repro.kvcache.make_cache, routers from conf/router); a missing one is an error,
+never a silent stand-in. Every run is timed side by side in this one process, and the
 wall time is split into: inside cache calls, inside router calls, and the simulator itself.
 
     PYTHONPATH=. python tests/benchmarks/bench_sim.py [--repeat 3] [--queries 1024] [--profile] [--no-vidur]
@@ -35,8 +33,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from repro.sim.cluster import SeedPlan, SimCluster  # noqa: E402
@@ -46,7 +42,6 @@ from tests.sim import sim_fakes  # noqa: E402
 TARGET_RPS = 5000.0
 # issue 20: simulated req/s per system on this cell
 TARGETS_20 = {("lbgr", "rlt"): 40_000.0, ("cache_aware", "lru"): 60_000.0}
-CAPACITY_TOKENS = 210_000  # L40 48 GB * 0.9 - 16 GB bf16 weights, / 128 KiB per token (fallback only)
 
 
 class TimedCache:
@@ -105,76 +100,37 @@ class ConstantTimeCache:
         return self.capacity_tokens
 
 
-def gsp_fallback(n_queries: int, seed: int):
-    rng = np.random.default_rng(seed)
-    groups, per_group = 64, 16
-    systems = [rng.integers(1, 100_000, size=2048) for _ in range(groups)]
-    items = rng.permutation(groups * per_group)[:n_queries]
-    arrivals = np.cumsum(rng.exponential(1 / 12.0, size=len(items)))
-    reqs = []
-    for rid, (item, t) in enumerate(zip(items, arrivals)):
-        g = int(item) // per_group
-        prompt = np.concatenate([systems[g], rng.integers(100_000, 200_000, size=128)])
-        reqs.append(sim_fakes.make_request(rid, t, prompt, output_len=4, group=g,
-                                           generated=rng.integers(200_000, 300_000, size=4)))
-    return reqs
-
-
 def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
-    """The cell's parts: requests, cost model, cache and router factories, capacity, seeds, what was used."""
+    """The cell's parts: requests, cost model, cache and router factories, capacity, seeds, what was used.
+
+    The real packages only: a missing one is an error, not a silent fake."""
+    import hydra.utils
+    from omegaconf import OmegaConf
+
+    import repro.costmodel as costmodel
+    import repro.kvcache as kvcache
+    import repro.workloads as workloads
+
     plan = SeedPlan.spawn(seed, 4)
     used = {}
     conf = Path(__file__).resolve().parents[2] / "conf"
-    try:
-        from omegaconf import OmegaConf
-
-        import repro.workloads as workloads
-
-        wcfg = OmegaConf.load(conf / "workload" / "gsp.yaml")
-        wcfg.num_queries = n_queries
-        wcfg.system_prompt_len_range = None  # fixed 2048-token system prompts
-        reqs = workloads.build_workload(wcfg, plan.workload).requests
-        used["workload"] = "repro.workloads (conf/workload/gsp.yaml, 2048-token system prompts)"
-    except Exception as e:  # not landed yet
-        reqs = gsp_fallback(n_queries, plan.workload)
-        used["workload"] = f"fake GSP ({type(e).__name__})"
-    try:
-        from omegaconf import OmegaConf
-
-        import repro.costmodel as costmodel
-
-        model = OmegaConf.load(conf / "model" / "llama31_8b.yaml")
-        hw = OmegaConf.load(conf / "hardware" / "l40.yaml")
-        cost = costmodel.StepCostModel.from_config(model, hw)
-        capacity = int(costmodel.kv_capacity_tokens(model, hw, 0.9))
-        used["cost model"] = "repro.costmodel (llama31_8b on l40)"
-    except Exception as e:
-        cost = sim_fakes.FixedCostModel(base_s=0.02, prefill_token_s=1.2e-4, attn_work_s=1e-9,
-                                        decode_seq_s=2e-4, context_token_s=1e-7)
-        capacity = CAPACITY_TOKENS
-        used["cost model"] = f"fake fixed-coefficient ({type(e).__name__})"
-    try:
-        from omegaconf import OmegaConf
-
-        import repro.kvcache as kvcache
-
-        ecfg = OmegaConf.load(conf / "eviction" / f"{eviction}.yaml")
-        make_cache = lambda cap, s: kvcache.make_cache(cap, ecfg, s)  # noqa: E731
-        used["cache"] = f"repro.kvcache (conf/eviction/{eviction}.yaml, granularity {ecfg.get('granularity')})"
-    except Exception as e:
-        make_cache = lambda cap, s: sim_fakes.TrieCache(cap)  # noqa: E731
-        used["cache"] = f"fake TrieCache, LRU ({type(e).__name__})"
-    try:
-        import hydra.utils
-        from omegaconf import OmegaConf
-
-        rcfg = OmegaConf.load(conf / "router" / f"{router_name}.yaml")
-        make_router = lambda: hydra.utils.instantiate(rcfg)  # noqa: E731
-        make_router()
-        used["router"] = f"conf/router/{router_name}.yaml"
-    except Exception as e:
-        make_router = sim_fakes.RandomRouter
-        used["router"] = f"fake random ({type(e).__name__})"
+    wcfg = OmegaConf.load(conf / "workload" / "gsp.yaml")
+    wcfg.num_queries = n_queries
+    wcfg.system_prompt_len_range = None  # fixed 2048-token system prompts
+    reqs = workloads.build_workload(wcfg, plan.workload).requests
+    used["workload"] = "repro.workloads (conf/workload/gsp.yaml, 2048-token system prompts)"
+    model = OmegaConf.load(conf / "model" / "llama31_8b.yaml")
+    hw = OmegaConf.load(conf / "hardware" / "l40.yaml")
+    cost = costmodel.StepCostModel.from_config(model, hw)
+    capacity = int(costmodel.kv_capacity_tokens(model, hw, 0.9))
+    used["cost model"] = "repro.costmodel (llama31_8b on l40)"
+    ecfg = OmegaConf.load(conf / "eviction" / f"{eviction}.yaml")
+    make_cache = lambda cap, s: kvcache.make_cache(cap, ecfg, s)  # noqa: E731
+    used["cache"] = f"repro.kvcache (conf/eviction/{eviction}.yaml, granularity {ecfg.get('granularity')})"
+    rcfg = OmegaConf.load(conf / "router" / f"{router_name}.yaml")
+    make_router = lambda: hydra.utils.instantiate(rcfg)  # noqa: E731
+    make_router()
+    used["router"] = f"conf/router/{router_name}.yaml"
     return SimpleNamespace(requests=reqs, cost=cost, make_cache=make_cache, make_router=make_router,
                            capacity=capacity, plan=plan, eviction=eviction, used=used)
 

@@ -59,13 +59,14 @@ def cell_files(results: Path, exp: str = "tiny", names=("summary.json", "request
 
 def compose_fixture(overrides: list[str]):
     """Resolved config of one cell composed over conf/ + the fixture tree (no Hydra app needed)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     import repro.harness.schema  # noqa: F401
-    from repro.harness.compose import resolve
+    from repro.harness.compose import GridComposer, resolve
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return resolve(compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"]))
+        # the harness's own composition: command-line values get the types of the settings they replace
+        return resolve(GridComposer("config")([*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"]))
 
 
 def tiny_spec(results: Path, *overrides: str, exp: str = "tiny"):

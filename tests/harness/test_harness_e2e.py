@@ -40,10 +40,13 @@ def test_cell_folder_contents(tmp_path, monkeypatch, capsys):
     for cell in cells:
         assert sorted(p.name for p in cell.iterdir()) == [
             "config.yaml",
+            "fingerprint.json",
             "requests.parquet",
+            "requests.sha256",
             "summary.json",
             "timings.json",
         ]
+        assert all((p.stat().st_mode & 0o044) == 0o044 for p in cell.iterdir())  # readable by group/others
         summary = json.loads((cell / "summary.json").read_text())
         assert summary["num_requests"] == 24 and summary["provenance"]["signature"] == cell.name
         assert summary["provenance"]["policy_name"] in ("Random+LRU", "LBGR+RLT")
@@ -155,7 +158,7 @@ def test_cfg_job_inspection(tmp_path):
 def test_dry_run_lists_cells(tmp_path, monkeypatch, capsys):
     assert run_inprocess(tmp_path, "+exp=tiny", "--dry-run", monkeypatch=monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "tiny: 4 cell(s), 0 finished, 4 to run" in out
+    assert "tiny: 4 cell(s), 0 finished, 0 stale, 4 to run" in out
     assert not (tmp_path / "tiny").exists()
 
 

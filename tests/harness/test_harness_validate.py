@@ -27,11 +27,14 @@ from tests.harness.helpers import FIXTURE_CONF, ROOT
 @contextmanager
 def fixture_compose():
     import repro.harness.schema  # noqa: F401
+    from repro.harness.compose import GridComposer
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
 
+        composer = GridComposer("config")  # the harness's own composition (canonical types)
+
         def _compose(overrides):
-            return compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"])
+            return composer([*overrides, f"hydra.searchpath=[file://{FIXTURE_CONF}]"])
 
         yield _compose
 

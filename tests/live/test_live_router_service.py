@@ -95,6 +95,15 @@ def test_views_track_waiting_running_and_prefill_tokens():
     async def main():
         release = gate()
         first_sent = gate()
+        finish = gate()
+
+        async def until(cond, timeout_s: float = 10.0):
+            """Wait for a state the service reaches by itself (bounded; fails loudly)."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while not cond():
+                assert loop.time() < deadline, "state not reached"
+                await asyncio.sleep(0.005)
 
         async def hold(request):
             from aiohttp import web
@@ -106,7 +115,7 @@ def test_views_track_waiting_running_and_prefill_tokens():
             await release.wait()
             await resp.write(b"data: " + json.dumps(evs[0]).encode() + b"\n\n")
             first_sent.set()
-            await asyncio.sleep(0.3)
+            await finish.wait()  # the test has looked at the running state
             for ev in evs[1:-1]:
                 await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
             await resp.write(evs[-1])
@@ -134,8 +143,9 @@ def test_views_track_waiting_running_and_prefill_tokens():
                 waiting = (v.in_flight, v.waiting, v.running, v.waiting_prefill_tokens, v.active_kv_tokens)
                 release.set()
                 await first_sent.wait()
-                await asyncio.sleep(0.1)
+                await until(lambda: v.running == 1)  # the service has read the first event
                 running = (v.in_flight, v.waiting, v.running, v.waiting_prefill_tokens, v.active_kv_tokens)
+                finish.set()
                 result = await task
                 after = (v.in_flight, v.waiting, v.running, v.waiting_prefill_tokens, v.active_kv_tokens,
                          v.peek_prefix(np.arange(40)), v.kv_used_tokens)

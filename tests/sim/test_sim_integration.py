@@ -1,7 +1,7 @@
 """run_cell on the real parts: conf/{model,hardware,workload,router,eviction} + the packages.
 
-Skipped (with the reason) only while a dependency has not landed on this branch; once it
-has, every router x eviction config file is simulated on a small GSP cell.
+Every router x eviction config file is simulated on a small GSP cell; a missing part is a
+failure, never a skip.
 """
 
 from __future__ import annotations
@@ -14,30 +14,6 @@ import pytest
 from omegaconf import OmegaConf
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-def _missing() -> list[str]:
-    import repro.costmodel
-    import repro.kvcache
-    import repro.workloads
-
-    need = [
-        (repro.kvcache, "make_cache"),
-        (repro.costmodel, "StepCostModel"),
-        (repro.costmodel, "kv_capacity_tokens"),
-        (repro.workloads, "build_workload"),
-    ]
-    out = [f"{m.__name__}.{name}" for m, name in need if not hasattr(m, name)]
-    for f in ("model/llama31_8b.yaml", "hardware/l40.yaml", "workload/gsp.yaml", "eviction/lru.yaml"):
-        if not (CONF / f).is_file():
-            out.append(f"conf/{f}")
-    if not list((CONF / "router").glob("*.yaml")):
-        out.append("conf/router/*.yaml")
-    return out
-
-
-MISSING = _missing()
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"not landed yet: {', '.join(MISSING)}")
 
 
 def routers() -> list[str]:

@@ -1,5 +1,6 @@
 """Launcher configs, the GPU array planner, the cluster scripts' safety checks and the CI-skip hook.
-No Slurm cluster needed: sbatch is replaced by a stub that keeps the script submitit generated."""
+No Slurm cluster needed: sbatch is replaced by a stub that keeps the script submitit generated, and
+srun by a stub (submitit checks it is on PATH), so these run on machines without Slurm (.ci/run checks)."""
 
 from __future__ import annotations
 
@@ -151,6 +152,9 @@ def stub_sbatch(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {capture}\necho "stub sbatch: not submitting" >&2\nexit 1\n')
     (bin_dir / "sbatch").chmod(0o755)
+    # submitit's SlurmExecutor refuses to start without `srun` on PATH (never called here)
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "stub srun: not running" >&2\nexit 1\n')
+    (bin_dir / "srun").chmod(0o755)
     return bin_dir, capture
 
 

@@ -1,0 +1,204 @@
+"""Run cells on local cores, stoppable: the in-process sweep's executor.
+
+Not concurrent.futures: its workers keep running queued tasks after Ctrl-C, outlive a killed
+parent, and one dead worker breaks the whole pool. Here
+- the parent hands each worker (spawn start method) one cell at a time over a pipe, so nothing
+  is queued inside a worker;
+- a worker exits when its parent dies: PR_SET_PDEATHSIG (Linux) and a watchdog thread that
+  compares getppid() (elsewhere) both raise Stopped in it, which removes its cell's partial
+  files and releases the cell's lock;
+- Ctrl-C / SIGTERM of the parent: nothing more is handed out, the workers get SIGTERM (they
+  ignore SIGINT, which the terminal sends to the whole group), are joined for up to
+  STOP_GRACE_S, then killed; the parent re-raises, so the sweep ends within seconds;
+- a worker that dies (kill -9, OOM) fails only the cell it was running and is replaced;
+- a cell whose lock another live process holds ("busy") is retried after the others, every
+  POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from typing import Callable, Sequence
+
+from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, run_cell_spec
+from repro.results import CellStore
+from repro.results.lock import CellLock
+
+STOP_GRACE_S = 5.0
+POLL_S = 1.0
+
+
+def _raise_stopped(signum, frame):  # noqa: ARG001
+    raise Stopped(f"signal {signum}")
+
+
+def _die_with_parent(ppid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != ppid:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+    if os.getppid() != ppid:  # died before the watch started
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _worker_main(conn, ppid: int, tracking_event) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    _die_with_parent(ppid)
+    begin_sweep(tracking_event)
+    try:
+        while True:
+            try:
+                spec = conn.recv()
+            except EOFError:
+                return
+            if spec is None:
+                return
+            conn.send(run_cell_spec(spec, wait=False))
+    except (Stopped, BrokenPipeError, EOFError):
+        return
+
+
+class _Worker:
+    def __init__(self, ctx, tracking_event):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), tracking_event), daemon=True)
+        self.proc.start()
+        child.close()
+        self.spec: CellSpec | None = None
+
+
+def _busy_elsewhere(spec: CellSpec) -> bool:
+    store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
+    return CellLock(store.dir).held_by_other()
+
+
+def _died(spec: CellSpec, why: str) -> CellOutcome:
+    store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
+    return CellOutcome(spec.index, spec.signature, "failed", str(store.dir),
+                       error=f"worker process died before finishing this cell ({why}); rerun to resume")
+
+
+def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
+    """Run every spec (n_jobs == 1: in this process); on_done(outcome) once per spec."""
+    begin_sweep()
+    try:
+        _run_cells(specs, n_jobs, on_done)
+    finally:
+        end_sweep()
+
+
+def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
+    pending = deque(specs)
+    deferred: list[CellSpec] = []
+    if n_jobs <= 1:
+        while pending or deferred:
+            if not pending:
+                time.sleep(POLL_S)
+                pending.extend(s for s in deferred if not _busy_elsewhere(s))
+                deferred = [s for s in deferred if s not in pending]
+                continue
+            spec = pending.popleft()
+            out = run_cell_spec(spec, wait=False)
+            if out.status == "busy":
+                deferred.append(spec)
+            else:
+                on_done(out)
+        return
+
+    ctx = multiprocessing.get_context("spawn")
+    tracking_event = ctx.Event()
+    begin_sweep(tracking_event)
+    workers: list[_Worker] = []
+    try:
+        n = min(n_jobs, len(specs))
+        workers = [_Worker(ctx, tracking_event) for _ in range(n)]
+        last_poll = time.monotonic()
+        while pending or deferred or any(w.spec is not None for w in workers):
+            for w in workers:
+                if w.spec is None and pending:
+                    w.spec = pending.popleft()
+                    try:
+                        w.conn.send(w.spec)
+                    except (BrokenPipeError, OSError):
+                        pass  # its death is noticed below
+            active = [w for w in workers if w.spec is not None]
+            ready = wait([w.conn for w in active] + [w.proc.sentinel for w in active], timeout=POLL_S) if active \
+                else (time.sleep(POLL_S) or [])
+            survivors: list[_Worker] = []
+            for w in workers:
+                out = None
+                if w.spec is not None and w.conn in ready:
+                    try:
+                        out = w.conn.recv()
+                    except (EOFError, OSError):
+                        out = None
+                if out is None and not w.proc.is_alive():
+                    w.proc.join(1)
+                    if w.spec is not None:
+                        out = _died(w.spec, f"exit code {w.proc.exitcode}")
+                    w.conn.close()
+                else:
+                    survivors.append(w)
+                if out is None:
+                    continue
+                spec, w.spec = w.spec, None
+                if out.status == "busy":
+                    deferred.append(spec)
+                else:
+                    on_done(out)
+            workers = survivors
+            if deferred and (time.monotonic() - last_poll >= POLL_S or not pending):
+                last_poll = time.monotonic()
+                free = [s for s in deferred if not _busy_elsewhere(s)]
+                deferred = [s for s in deferred if s not in free]
+                pending.extend(free)
+            need = min(n_jobs, len(pending) + sum(w.spec is not None for w in workers))
+            while len(workers) < need:  # replace workers that died
+                workers.append(_Worker(ctx, tracking_event))
+    finally:
+        _stop_workers(workers)
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    for w in workers:
+        if w.proc.is_alive():
+            if w.spec is None:
+                try:
+                    w.conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            else:
+                try:
+                    os.kill(w.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    for w in workers:
+        w.proc.join(max(0.0, deadline - time.monotonic()))
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join(1)
+        try:
+            w.conn.close()
+        except OSError:
+            pass

@@ -1,0 +1,167 @@
+"""python -m repro.results status|diff|verify — what the results folders hold, and can it be trusted.
+
+  status [--results-dir results] [EXP ...]
+      fresh / stale / unfinished cells per experiment (stale: made by other code, data or library
+      versions than this checkout; the first reasons are shown). Exit 1 if any cell is stale.
+  diff A [B]
+      cells (same experiment and signature) whose metrics differ between results folders A and B
+      (B: the repository's results/), as `metric: old -> new`; cells found in one folder only are
+      counted. Exit 1 if any metric differs.
+  verify [--results-dir results] [--cells N | --all] [--seed S] [EXP ...]
+      rerun N random finished cells of every experiment (default 1) from scratch in a temporary
+      folder and require byte-identical summary.json, the same requests.sha256 (the hash of
+      requests.parquet committed beside it) and the same fingerprint. Exit 1 on any difference.
+
+This is an entry point, like repro.run: it may use the harness (status/verify compute the
+checkout's fingerprints with repro.harness.freshness); the library modules of repro.results never do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _experiments(root: Path, names: list[str]) -> list[str]:
+    if names:
+        return names
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+
+def cmd_status(a) -> int:
+    from repro.harness.freshness import folder_report
+
+    root = Path(a.results_dir)
+    report = folder_report(root, _experiments(root, a.exps))
+    any_stale = False
+    for exp, rows in report.items():
+        n_unfinished = sum(1 for d in (root / exp).iterdir() if d.is_dir() and not (d / "summary.json").exists())
+        stale = [r for r in rows if r["state"] == "stale"]
+        any_stale |= bool(stale)
+        print(f"{exp:24s} {len(rows) - len(stale):4d} fresh  {len(stale):4d} stale  {n_unfinished:4d} unfinished")
+        reasons: dict[str, list[str]] = {}
+        for r in stale:
+            reasons.setdefault("; ".join(r["why"]), []).append(r["sig"])
+        for why, sigs in list(reasons.items())[: a.reasons]:
+            print(f"    {len(sigs)} cell(s), e.g. {sigs[0]}: {why}")
+    return 1 if any_stale else 0
+
+
+def _metrics(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "provenance" and not isinstance(v, (dict, list))}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str, int]]:
+    lines: list[str] = []
+    counts = {"compared": 0, "differ": 0, "only_a": 0, "only_b": 0}
+    for exp in sorted(set(_experiments(a, exps)) | set(_experiments(b, exps))):
+        sa = {p.parent.name: p for p in (a / exp).glob("*/summary.json")}
+        sb = {p.parent.name: p for p in (b / exp).glob("*/summary.json")}
+        counts["only_a"] += len(set(sa) - set(sb))
+        counts["only_b"] += len(set(sb) - set(sa))
+        for sig in sorted(set(sa) & set(sb)):
+            counts["compared"] += 1
+            ma, mb = _metrics(json.loads(sa[sig].read_text())), _metrics(json.loads(sb[sig].read_text()))
+            changed = [k for k in sorted(set(ma) | set(mb)) if not _same(ma.get(k), mb.get(k))]
+            if changed:
+                counts["differ"] += 1
+                shown = ", ".join(f"{k}: {ma.get(k)!r} -> {mb.get(k)!r}" for k in changed[:6])
+                more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
+                lines.append(f"{exp}/{sig}: {shown}{more}")
+    return lines, counts
+
+
+def cmd_diff(a) -> int:
+    left, right = Path(a.a), Path(a.b) if a.b else REPO / "results"
+    lines, c = diff_folders(left, right, a.exps or [])
+    for line in lines:
+        print(line)
+    print(f"{c['compared']} cell(s) in both ({left} -> {right}): {c['differ']} differ; "
+          f"{c['only_a']} only in {left}, {c['only_b']} only in {right}")
+    return 1 if c["differ"] else 0
+
+
+def cmd_verify(a) -> int:
+    import yaml
+
+    from repro.harness.cell import CellSpec, run_cell_spec
+    from repro.harness.compose import cell_signature
+    from repro.results.fingerprint import read_fingerprint
+
+    root = Path(a.results_dir)
+    seed = a.seed if a.seed is not None else random.randrange(10**9)
+    if not a.all:
+        print(f"verify: {a.cells} random cell(s) per experiment (--seed {seed} draws them again)", flush=True)
+    rng = random.Random(seed)
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="repro-verify-") as tmp:
+        for exp in _experiments(root, a.exps):
+            cells = sorted(p.parent for p in (root / exp).glob("*/summary.json"))
+            if not cells:
+                continue
+            picked = cells if a.all else rng.sample(cells, min(a.cells, len(cells)))
+            for d in picked:
+                cfg = yaml.safe_load((d / "config.yaml").read_text())
+                cfg["tracking"] = {**(cfg.get("tracking") or {}), "mode": "disabled"}  # not in the signature
+                sig = cell_signature(cfg)
+                problems = [] if sig == d.name else [f"config.yaml signs as {sig}, not {d.name}"]
+                out = run_cell_spec(CellSpec(0, d.name, cfg, d.name, tmp, exp))
+                new = Path(tmp) / exp / d.name
+                if out.status != "ran":
+                    problems.append(f"rerun {out.status}: {out.error}")
+                else:
+                    if (new / "summary.json").read_bytes() != (d / "summary.json").read_bytes():
+                        lines, _ = diff_folders(root, Path(tmp), [exp])
+                        problems.append("summary.json differs: " + ("; ".join(lines) or "(provenance only)"))
+                    old_sha = (d / "requests.sha256").read_text() if (d / "requests.sha256").exists() else None
+                    new_sha = (new / "requests.sha256").read_text() if (new / "requests.sha256").exists() else None
+                    if old_sha != new_sha:
+                        problems.append(f"requests.parquet sha256 {(old_sha or 'none').split()[0]} -> "
+                                        f"{(new_sha or 'none').split()[0]}")
+                    if (read_fingerprint(d) or {}).get("fingerprint") != (read_fingerprint(new) or {}).get("fingerprint"):
+                        problems.append("fingerprint differs (stale cell)")
+                bad += bool(problems)
+                print(f"{exp}/{d.name}: " + ("identical" if not problems else "DIFFERENT: " + " | ".join(problems)),
+                      flush=True)
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.results", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("status", help="fresh / stale / unfinished cells per experiment")
+    s.add_argument("--results-dir", default=str(REPO / "results"))
+    s.add_argument("--reasons", type=int, default=3, help="distinct staleness reasons shown per experiment")
+    s.add_argument("exps", nargs="*")
+    d = sub.add_parser("diff", help="cells whose metrics differ between two results folders")
+    d.add_argument("a")
+    d.add_argument("b", nargs="?", help="default: the repository's results/")
+    d.add_argument("--exp", dest="exps", action="append")
+    v = sub.add_parser("verify", help="rerun random finished cells from scratch and compare byte for byte")
+    v.add_argument("--results-dir", default=str(REPO / "results"))
+    v.add_argument("--cells", type=int, default=1, help="cells per experiment")
+    v.add_argument("--all", action="store_true", help="every finished cell")
+    v.add_argument("--seed", type=int, default=None, help="which cells are drawn (default: random)")
+    v.add_argument("exps", nargs="*")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from repro.harness.freshness import use_project_cache
+
+    use_project_cache()
+    return {"status": cmd_status, "diff": cmd_diff, "verify": cmd_verify}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""One process per cell: a lock file that works on NFS and Lustre (docs/ARCHITECTURE.md "Locks").
+
+`<cell>/.lock` is created with O_CREAT|O_EXCL (atomic on NFSv3+, Lustre and local disks; no
+flock, which NFS sites often do not honour across nodes) and holds its owner as JSON: host,
+pid, the process's start time and boot id (so a reused pid is not mistaken for the owner),
+and a random token. While the lock is held a daemon thread touches it every HEARTBEAT_S.
+
+A lock is dead, and may be broken, when
+- its owner ran on this host (same hostname and boot id) and that process is gone, or
+- its owner ran elsewhere and the file's mtime has not moved for `stale_after_s`
+  (default 10 heartbeats) — clocks of the nodes must agree to within that (NTP; Slurm needs it too).
+Breaking renames the dead file to a unique name first (atomic), so two processes breaking the
+same dead lock cannot both win; the loser simply sees the winner's fresh lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+LOCK = ".lock"
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 10 * HEARTBEAT_S
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """Process start time in clock ticks since boot (Linux), "" where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    now = _start_time(pid)
+    return not (start and now and now != start)
+
+
+def owner_record() -> dict:
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid": pid,
+        "start": _start_time(pid),
+        "token": secrets.token_hex(8),
+        "since": time.time(),
+    }
+
+
+class LockBusy(RuntimeError):
+    """The cell is being computed by another live process."""
+
+
+class CellLock:
+    """Non-blocking lock on one cell folder. Use try_acquire()/release() or `with`."""
+
+    def __init__(self, cell_dir: str | os.PathLike, *, stale_after_s: float = STALE_AFTER_S,
+                 heartbeat_s: float = HEARTBEAT_S):
+        self.path = Path(cell_dir) / LOCK
+        self.stale_after_s = stale_after_s
+        self.heartbeat_s = heartbeat_s
+        self.owner: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- state of someone else's lock ---------------------------------------------------------
+    def read_owner(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # being written right now, or unreadable: judged by its mtime
+
+    def is_dead(self, owner: dict | None = None) -> bool:
+        owner = self.read_owner() if owner is None else owner
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return True
+        if owner and owner.get("host") == socket.gethostname() and owner.get("boot_id", "") == _boot_id():
+            try:
+                return not _pid_alive(int(owner["pid"]), str(owner.get("start", "")))
+            except (KeyError, TypeError, ValueError):
+                pass
+        return age > self.stale_after_s
+
+    def held_by_other(self) -> bool:
+        """True while another live process holds the lock (cheap: one read, one stat)."""
+        if self.owner is not None:
+            return False
+        owner = self.read_owner()
+        return owner is not None and not self.is_dead(owner)
+
+    # -- acquire / release --------------------------------------------------------------------
+    def try_acquire(self) -> bool:
+        if self.owner is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            me = owner_record()
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._break_if_dead():
+                    return False
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+                f.flush()
+                os.fsync(f.fileno())
+            # NFS: a retransmitted create can succeed for someone else; trust the content only
+            if (self.read_owner() or {}).get("token") != me["token"]:
+                return False
+            self.owner = me
+            self._start_heartbeat()
+            return True
+        return False
+
+    def _break_if_dead(self) -> bool:
+        owner = self.read_owner()
+        if owner is None:
+            return True  # released meanwhile: try again
+        if not self.is_dead(owner):
+            return False
+        grave = self.path.with_name(f"{LOCK}.dead.{secrets.token_hex(6)}")
+        try:
+            os.rename(self.path, grave)
+        except FileNotFoundError:
+            return True
+        try:
+            moved = json.loads(grave.read_text() or "{}")
+        except (OSError, ValueError):
+            moved = {}
+        if owner and moved.get("token") != owner.get("token"):
+            # we moved a newer, live lock (someone broke the dead one first): give it back
+            try:
+                os.link(grave, self.path)
+            except OSError:
+                pass
+            grave.unlink(missing_ok=True)
+            return False
+        grave.unlink(missing_ok=True)
+        return True
+
+    def still_mine(self) -> bool:
+        return self.owner is not None and (self.read_owner() or {}).get("token") == self.owner["token"]
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+
+        def beat() -> None:
+            while not self._stop.wait(self.heartbeat_s):
+                try:
+                    os.utime(self.path)
+                except OSError:
+                    pass
+
+        self._thread = threading.Thread(target=beat, name="cell-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        if self.owner is None:
+            return
+        self._stop.set()
+        try:
+            if self.still_mine():
+                self.path.unlink()
+        except OSError:
+            pass
+        self.owner = None
+
+    def __enter__(self) -> "CellLock":
+        if not self.try_acquire():
+            raise LockBusy(f"{self.path.parent} is being computed by another process")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,134 @@
+"""Staleness both ways: editing a function of the simulator, a router, eviction, a workload or the
+cost model changes a cell's fingerprint; comments, docstrings, the figures and the docs do not."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from repro.harness.freshness import cell_fingerprint, cell_state
+from repro.results import fingerprint as fp
+from tests.harness.helpers import ROOT, compose_fixture
+
+
+@pytest.fixture(scope="module")
+def cfg() -> dict:
+    return compose_fixture(["exp=tiny", "policy=lbgr_rlt", "tracking=disabled"])
+
+
+@pytest.fixture()
+def checkout(tmp_path) -> Path:
+    """A copy of the code (repro/, docs/) whose files the tests edit."""
+    shutil.copytree(ROOT / "repro", tmp_path / "repro", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    return tmp_path
+
+
+def edit_a_function(path: Path) -> None:
+    """Change the first `return <expr>` of the file (same file, one function's body differs)."""
+    text = path.read_text()
+    new, n = re.subn(r"(\n\s+)return (\S)", r"\1return 0 or \2", text, count=1)
+    assert n == 1, path
+    path.write_text(new)
+
+
+def edit_comments_and_docstrings(path: Path) -> None:
+    text = path.read_text()
+    text = "# an added comment line\n" + text.replace('"""', '"""Reworded. ', 1)
+    text = re.sub(r"(\n\s+def [^\n]+:\n\s+)\"\"\"", r'\1"""Reworded too. ', text, count=1)
+    text = text.replace("\n\n", "\n\n# another comment\n", 1)
+    path.write_text(text)
+
+
+CODE = {
+    "simulator": "repro/sim/cluster.py",
+    "router": "repro/routing/lbgr.py",
+    "eviction": "repro/kvcache/eviction.py",
+    "workload": "repro/workloads/gsp.py",
+    "cost model": "repro/costmodel/model.py",
+}
+
+
+@pytest.mark.parametrize("what", list(CODE))
+def test_editing_a_function_makes_the_cell_stale(cfg, checkout, what):
+    before = cell_fingerprint(cfg, root_dir=checkout)
+    assert CODE[what] in before["code"], f"{CODE[what]} is not in the cell's import closure"
+    edit_a_function(checkout / CODE[what])
+    after = cell_fingerprint(cfg, root_dir=checkout)
+    assert after["fingerprint"] != before["fingerprint"]
+    assert fp.differences(before, after) == [f"code: {CODE[what]} changed"]
+
+
+@pytest.mark.parametrize("what", list(CODE))
+def test_editing_comments_and_docstrings_keeps_it_fresh(cfg, checkout, what):
+    before = cell_fingerprint(cfg, root_dir=checkout)
+    edit_comments_and_docstrings(checkout / CODE[what])
+    assert (checkout / CODE[what]).read_text() != (ROOT / CODE[what]).read_text()
+    assert cell_fingerprint(cfg, root_dir=checkout) == before
+
+
+def test_figures_docs_and_tracking_are_not_inputs(cfg, checkout):
+    before = cell_fingerprint(cfg, root_dir=checkout)
+    for rel in ("repro/figures/style.py", "repro/tracking/__init__.py", "repro/harness/sweep.py"):
+        edit_a_function(checkout / rel)
+    (checkout / "docs" / "ARCHITECTURE.md").write_text("rewritten\n")
+    assert cell_fingerprint(cfg, root_dir=checkout) == before
+
+
+def test_cost_model_data_file_is_an_input(cfg, checkout):
+    before = cell_fingerprint(cfg, root_dir=checkout)
+    data = checkout / "repro/costmodel/data/h200_profile.json"
+    data.write_text(data.read_text() + " ")
+    after = cell_fingerprint(cfg, root_dir=checkout)
+    assert fp.differences(before, after) == ["package_data: repro/costmodel/data/h200_profile.json changed"]
+
+
+def test_only_the_routers_and_workloads_a_cell_names_are_roots(cfg):
+    f = cell_fingerprint(cfg)
+    assert "repro/workloads/gsp.py" in f["code"] and "repro/workloads/ultrachat.py" not in f["code"]
+    assert not any(k.startswith(("repro/figures/", "repro/tracking/", "repro/harness/")) for k in f["code"])
+    assert {"numpy", "pandas", "pyarrow", "python"} <= set(f["versions"])
+
+
+def test_library_version_change_is_reported(cfg):
+    f = cell_fingerprint(cfg)
+    old = {**f, "versions": {**f["versions"], "numpy": "0.0.1"}, "fingerprint": "x"}
+    assert fp.differences(old, f) == [f"versions: numpy 0.0.1 -> {f['versions']['numpy']}"]
+
+
+def test_workload_data_file_is_an_input(tmp_path):
+    data = tmp_path / "sharegpt.json"
+    data.write_text('[{"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}]')
+    cfg = compose_fixture(["exp=tiny", "workload=sharegpt", f"workload.path={data}", "tracking=disabled"])
+    a = cell_fingerprint(cfg)
+    data.write_text('[{"conversations": [{"from": "human", "value": "quite other words"}, {"from": "gpt", "value": "fine"}]}]')
+    b = cell_fingerprint(cfg)
+    assert a["data"]["workload"]["sha256"] != b["data"]["workload"]["sha256"]
+    assert fp.differences(a, b) == ["data: workload changed"]
+
+
+def test_cell_state(tmp_path, cfg):
+    cur = cell_fingerprint(cfg)
+    d = tmp_path / "cell"
+    d.mkdir()
+    assert cell_state(d, cur) == ("missing", [])
+    (d / "summary.json").write_text("{}")
+    state, why = cell_state(d, cur)
+    assert state == "stale" and "no fingerprint.json" in why[0]
+    import json
+
+    (d / fp.FINGERPRINT).write_text(json.dumps(cur))
+    assert cell_state(d, cur) == ("fresh", [])
+
+
+def test_fingerprint_is_cheap_once_warm(cfg):
+    import time
+
+    cell_fingerprint(cfg)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        cell_fingerprint(cfg)
+    assert (time.perf_counter() - t0) / 20 < 0.05

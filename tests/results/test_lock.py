@@ -1,0 +1,102 @@
+"""repro.results.lock: one owner at a time, dead owners detected (same host by pid, others by heartbeat)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+from repro.results.lock import LOCK, CellLock, owner_record
+
+
+def test_acquire_release_and_busy(tmp_path):
+    a, b = CellLock(tmp_path), CellLock(tmp_path)
+    assert a.try_acquire()
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    assert not b.try_acquire() and b.held_by_other()
+    a.release()
+    assert not (tmp_path / LOCK).exists()
+    assert b.try_acquire() and a.held_by_other()
+    b.release()
+
+
+def test_lock_of_a_dead_process_on_this_host_is_broken(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**owner_record(), "pid": int(proc.stdout), "start": "1"}
+    (tmp_path / LOCK).write_text(json.dumps(dead))
+    lock = CellLock(tmp_path)
+    assert not lock.held_by_other()
+    assert lock.try_acquire()
+    assert json.loads((tmp_path / LOCK).read_text())["token"] == lock.owner["token"]
+    lock.release()
+
+
+def test_reused_pid_is_not_the_owner(tmp_path):
+    me = {**owner_record(), "start": "123"}  # this pid, but another start time: the owner is gone
+    (tmp_path / LOCK).write_text(json.dumps(me))
+    assert CellLock(tmp_path).try_acquire()
+
+
+def test_other_hosts_lock_judged_by_heartbeat_age(tmp_path):
+    other = {**owner_record(), "host": "node-elsewhere", "boot_id": "x"}
+    (tmp_path / LOCK).write_text(json.dumps(other))
+    lock = CellLock(tmp_path, stale_after_s=60)
+    assert not lock.try_acquire() and lock.held_by_other()  # fresh mtime: alive
+    old = time.time() - 120
+    os.utime(tmp_path / LOCK, (old, old))
+    assert not lock.held_by_other() and lock.try_acquire()
+    lock.release()
+
+
+def test_heartbeat_touches_the_lock(tmp_path):
+    lock = CellLock(tmp_path, heartbeat_s=0.05)
+    assert lock.try_acquire()
+    old = time.time() - 1000
+    os.utime(tmp_path / LOCK, (old, old))
+    time.sleep(0.3)
+    assert time.time() - (tmp_path / LOCK).stat().st_mtime < 5
+    lock.release()
+
+
+def test_lock_being_written_counts_as_held(tmp_path):
+    (tmp_path / LOCK).write_text("")  # created, content not yet written
+    assert not CellLock(tmp_path).try_acquire()
+
+
+def _race(path, start, wins):
+    start.wait()
+    lock = CellLock(path)
+    if lock.try_acquire():
+        wins.put(os.getpid())
+        time.sleep(0.5)  # hold it while the others try
+        lock.release()
+
+
+def test_many_processes_one_winner(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    start, wins = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(tmp_path, start, wins)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)
+    start.set()
+    for p in procs:
+        p.join(30)
+    got = []
+    while not wins.empty():
+        got.append(wins.get())
+    assert len(got) == 1
+
+
+def test_two_breakers_of_one_dead_lock_one_wins(tmp_path):
+    other = {**owner_record(), "host": "gone", "boot_id": "x"}
+    (tmp_path / LOCK).write_text(json.dumps(other))
+    old = time.time() - 10_000
+    os.utime(tmp_path / LOCK, (old, old))
+    a, b = CellLock(tmp_path), CellLock(tmp_path)
+    assert a.try_acquire()
+    assert not b.try_acquire()  # sees a's fresh lock, not the dead one
+    assert a.still_mine()

@@ -1,0 +1,67 @@
+"""python -m repro.results status | diff | verify on the tiny fixture grid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from repro.results.__main__ import main
+from tests.harness.helpers import run_inprocess
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    results = tmp_path_factory.mktemp("grid")
+    mp = pytest.MonkeyPatch()
+    try:
+        assert run_inprocess(results, "+exp=tiny", "tracking=disabled", "n_jobs=1", monkeypatch=mp) == 0
+    finally:
+        mp.undo()
+    return results
+
+
+def test_status_fresh_then_stale(grid, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "r"
+    shutil.copytree(grid, copy)
+    assert main(["status", "--results-dir", str(copy)]) == 0
+    assert "tiny" in (out := capsys.readouterr().out) and "4 fresh     0 stale" in out
+    f = next(copy.glob("tiny/*/fingerprint.json"))
+    d = json.loads(f.read_text())
+    d["versions"]["numpy"], d["fingerprint"] = "0.1", "x"
+    f.write_text(json.dumps(d))
+    assert main(["status", "--results-dir", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "3 fresh     1 stale" in out and "versions: numpy 0.1 ->" in out
+
+
+def test_diff_shows_old_to_new(grid, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "r"
+    shutil.copytree(grid, copy)
+    assert main(["diff", str(grid), str(copy)]) == 0
+    assert "4 cell(s) in both" in capsys.readouterr().out
+    s = next(copy.glob("tiny/*/summary.json"))
+    d = json.loads(s.read_text())
+    old = d["hit_rate"]
+    d["hit_rate"] = 0.123
+    s.write_text(json.dumps(d))
+    assert main(["diff", str(grid), str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert f"tiny/{s.parent.name}: hit_rate: {old!r} -> 0.123" in out and "1 differ" in out
+
+
+def test_verify_reruns_from_scratch_byte_for_byte(grid, tmp_path, capsys):
+    import shutil
+
+    assert main(["verify", "--results-dir", str(grid), "--all"]) == 0
+    assert capsys.readouterr().out.count("identical") == 4
+    copy = tmp_path / "r"
+    shutil.copytree(grid, copy)
+    sha = next(copy.glob("tiny/*/requests.sha256"))
+    sha.write_text("0" * 64 + "  requests.parquet\n")
+    assert main(["verify", "--results-dir", str(copy), "--all"]) == 1
+    assert "requests.parquet sha256 0000" in capsys.readouterr().out
