@@ -54,7 +54,7 @@ numbers and the ablations: REPRODUCE.md "LBGR reconstruction", repro/routing/lbg
     shares (o = 128: ~3.8 s per request on L40): P then swamps the cache term, LBGR routes by
     load alone and loses the cache.
   Decode context: |q| tokens per request.
-- decay: "exponential" (default): P_i is multiplied by decay_factor (gamma, 0.9) once per
+- decay: "exponential" (default): P_i is multiplied by decay_factor (gamma, 0.6) once per
   elapsed decay_interval_s (Delta t, 0.1 s) of `now_s`; intervals are counted on the grid
   k * Delta t (k = floor(now_s / Delta t + 1e-9), the 1e-9 absorbing float error in
   e.g. 0.3 / 0.1) and applied lazily at each call, so an idle stretch decays exactly as
@@ -130,7 +130,7 @@ class LBGRRouter(Router):
         tracker_update: str = "inflight",
         service_model: str = "kv_batch",
         decay: str = "exponential",
-        decay_factor: float = 0.9,
+        decay_factor: float = 0.6,
         decay_interval_s: float = 0.1,
         drain_time_constant_s: float = 5.0,
         drain_min_rate: float = 1.0,

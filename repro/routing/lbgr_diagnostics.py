@@ -385,7 +385,7 @@ QUICK_CELLS = tuple(c for c in TUNE_CELLS if c[-1].endswith(("=4.0", "=20.0"))
                     and (c[0] == "workload=loogle" or "${" in c[1]))
 # Defaults grid of `scripts/lbgr_tune.sh`: one parameter at a time around conf/router/lbgr.yaml.
 TUNE_PARAMS = {
-    "router.decay_factor": ("0.8", "0.9", "0.95"),
+    "router.decay_factor": ("0.5", "0.6", "0.7", "0.9"),
     "router.forgetting_factor": ("0.97", "0.99", "0.999"),
     "router.rls_regularization": ("50.0", "500.0", "5000.0"),
     "router.min_load_weight": ("null", "0.25", "0.5"),

@@ -104,18 +104,6 @@ def test_sglang_router_command():
                               worker_startup_timeout_s=1, prometheus_port=2)
 
 
-def test_sglang_router_command_parses_with_its_own_parser():
-    """Runs where sglang-router 0.3.2 is installed (GPU nodes: pip install .[sglang]); skipped elsewhere."""
-    router_args = pytest.importorskip("sglang_router.router_args")
-    cmd = sglang_router_command("python", "127.0.0.1", 30000, ["http://127.0.0.1:1"],
-                                {"name": "cache_aware", "cache_threshold": 0.5}, request_timeout_s=60,
-                                worker_startup_timeout_s=60, prometheus_port=30009)
-    p = argparse.ArgumentParser()
-    router_args.RouterArgs.add_cli_args(p)
-    args = router_args.RouterArgs.from_cli_args(p.parse_args(cmd[3:]))
-    assert (args.policy, args.cache_threshold, args.worker_urls) == ("cache_aware", 0.5, ["http://127.0.0.1:1"])
-
-
 def test_gpu_assignment(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert assign_gpus(2, 1, None) == [["0"], ["1"]]

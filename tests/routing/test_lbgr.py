@@ -20,6 +20,7 @@ EXACT_COST = LinearCostModel(prefill_base_s=0.0, per_new_s=1 / 1024, decode_base
 def lbgr(views, seed=0, **kw):
     kw.setdefault("tracker", "exact")
     kw.setdefault("learner", "none")
+    kw.setdefault("decay_factor", 0.9)  # the decay tests' hand-computed values use gamma = 0.9
     r = LBGRRouter(**kw)
     r.reset(views, seed)
     return r
