@@ -5,8 +5,10 @@
       versions than this checkout; the first reasons are shown). Exit 1 if any cell is stale.
   diff A [B]
       cells (same experiment and signature) whose metrics differ between results folders A and B
-      (B: the repository's results/), as `metric: old -> new`; cells found in one folder only are
-      counted. Exit 1 if any metric differs.
+      (B: the repository's results/), as `metric: old -> new`. Cells whose signature changed (a new
+      config key or default) are paired by the settings that vary within their experiment (policy,
+      rate, seed, ...) where that pairing is one to one; the rest are counted as found in one
+      folder only. Exit 1 if any metric differs.
   verify [--results-dir results] [--cells N | --all] [--seed S] [EXP ...]
       rerun N random finished cells of every experiment (default 1) from scratch in a temporary
       folder and require byte-identical summary.json, the same requests.sha256 (the hash of
@@ -64,23 +66,73 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True)
+    return out
+
+
+def _settings(cells: dict[str, Path]) -> dict[str, dict]:
+    """Each cell's flattened config.yaml (empty when it has none)."""
+    import yaml
+
+    out = {}
+    for sig, summary in cells.items():
+        cfg = summary.parent / "config.yaml"
+        out[sig] = _flat(yaml.safe_load(cfg.read_text()) or {}) if cfg.is_file() else {}
+    return out
+
+
+def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[str, str, str]]:
+    """Cells whose signature changed (a new config key, a new default) paired by what tells the
+    cells of one experiment apart: the keys present in both folders whose values vary within the
+    experiment (policy, rate, seed, ...). Pairs only where that key is unique on both sides."""
+    ca, cb = _settings(sa), _settings(sb)
+    common = set.intersection(*(set(c) for c in (*ca.values(), *cb.values()))) if ca and cb else set()
+    varying = sorted(k for k in common if len({c[k] for c in (*ca.values(), *cb.values())}) > 1)
+
+    def index(cfgs: dict[str, dict]) -> dict[tuple, list[str]]:
+        idx: dict[tuple, list[str]] = {}
+        for sig, c in cfgs.items():
+            idx.setdefault(tuple(c[k] for k in varying), []).append(sig)
+        return idx
+
+    ia, ib = index(ca), index(cb)
+    pairs = []
+    for key, sigs in ia.items():
+        if len(sigs) == 1 and len(ib.get(key, [])) == 1:
+            label = " ".join(f"{k}={json.loads(v)}" for k, v in zip(varying, key)
+                             if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1)
+            pairs.append((sigs[0], ib[key][0], label))
+    return pairs
+
+
 def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str, int]]:
     lines: list[str] = []
-    counts = {"compared": 0, "differ": 0, "only_a": 0, "only_b": 0}
+    counts = {"compared": 0, "differ": 0, "only_a": 0, "only_b": 0, "by_settings": 0}
     for exp in sorted(set(_experiments(a, exps)) | set(_experiments(b, exps))):
         sa = {p.parent.name: p for p in (a / exp).glob("*/summary.json")}
         sb = {p.parent.name: p for p in (b / exp).glob("*/summary.json")}
-        counts["only_a"] += len(set(sa) - set(sb))
-        counts["only_b"] += len(set(sb) - set(sa))
-        for sig in sorted(set(sa) & set(sb)):
+        pairs = [(sig, sig, "") for sig in sorted(set(sa) & set(sb))]
+        changed_sig = _pair_by_settings({s: sa[s] for s in set(sa) - set(sb)}, {s: sb[s] for s in set(sb) - set(sa)})
+        counts["by_settings"] += len(changed_sig)
+        pairs += sorted(changed_sig, key=lambda p: p[2])
+        counts["only_a"] += len(set(sa) - set(sb)) - len(changed_sig)
+        counts["only_b"] += len(set(sb) - set(sa)) - len(changed_sig)
+        for sig_a, sig_b, label in pairs:
             counts["compared"] += 1
-            ma, mb = _metrics(json.loads(sa[sig].read_text())), _metrics(json.loads(sb[sig].read_text()))
+            ma, mb = _metrics(json.loads(sa[sig_a].read_text())), _metrics(json.loads(sb[sig_b].read_text()))
             changed = [k for k in sorted(set(ma) | set(mb)) if not _same(ma.get(k), mb.get(k))]
             if changed:
                 counts["differ"] += 1
                 shown = ", ".join(f"{k}: {ma.get(k)!r} -> {mb.get(k)!r}" for k in changed[:6])
                 more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
-                lines.append(f"{exp}/{sig}: {shown}{more}")
+                where = sig_a if sig_a == sig_b else f"{sig_a}->{sig_b} [{label}]"
+                lines.append(f"{exp}/{where}: {shown}{more}")
     return lines, counts
 
 
@@ -89,7 +141,8 @@ def cmd_diff(a) -> int:
     lines, c = diff_folders(left, right, a.exps or [])
     for line in lines:
         print(line)
-    print(f"{c['compared']} cell(s) in both ({left} -> {right}): {c['differ']} differ; "
+    print(f"{c['compared']} cell(s) in both ({left} -> {right}; {c['by_settings']} of them paired by their "
+          f"swept settings, the signature having changed): {c['differ']} differ; "
           f"{c['only_a']} only in {left}, {c['only_b']} only in {right}")
     return 1 if c["differ"] else 0
 

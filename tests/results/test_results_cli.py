@@ -54,6 +54,31 @@ def test_diff_shows_old_to_new(grid, tmp_path, capsys):
     assert f"tiny/{s.parent.name}: hit_rate: {old!r} -> 0.123" in out and "1 differ" in out
 
 
+def test_diff_pairs_cells_whose_signature_changed_by_their_settings(grid, tmp_path, capsys):
+    """A new config key renames every cell: diff still pairs them by the swept settings."""
+    import shutil
+
+    import yaml
+
+    copy = tmp_path / "r"
+    shutil.copytree(grid, copy)
+    cells = sorted(copy.glob("tiny/*/summary.json"))
+    for i, s in enumerate(cells):
+        cfg = s.parent / "config.yaml"
+        c = yaml.safe_load(cfg.read_text())
+        c["cluster"]["new_knob"] = True  # present in the new folder only: not a pairing key
+        cfg.write_text(yaml.safe_dump(c))
+        s.parent.rename(s.parent.with_name(f"renamed{i:02d}"))
+    first = copy / "tiny" / "renamed00" / "summary.json"
+    d = json.loads(first.read_text())
+    old, d["hit_rate"] = d["hit_rate"], 0.5
+    first.write_text(json.dumps(d))
+    assert main(["diff", str(grid), str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "4 of them paired by their swept settings" in out and "1 differ" in out, out
+    assert "0 only in" in out and f"->renamed00 [" in out and f"hit_rate: {old!r} -> 0.5" in out, out
+
+
 def test_verify_reruns_from_scratch_byte_for_byte(grid, tmp_path, capsys):
     import shutil
 
