@@ -116,3 +116,30 @@ def test_summary_of_mixed_records_counts_only_completed_requests():
     assert n_failed == 3 and summary["num_failed"] == 3
     assert summary["hit_rate"] == pytest.approx(0.5)  # 10 of 20 prompt tokens, completed requests only
     assert isinstance(records, pd.DataFrame)
+
+
+def test_live_window_streams_the_series_keys_while_the_cell_runs():
+    """progress.log gets sliding-window points as requests finish (what a live W&B dashboard shows)."""
+    from repro.tracking import Progress
+
+    fractions, points = [], []
+    progress = Progress(fractions.append, points.append)
+    reqs = make_requests(40, prompt_len=20, output_len=2, rate=400.0)
+
+    async def main():
+        w = FakeWorker(lambda b: sglang_events(b, cached=5))
+        await w.start()
+        try:
+            return await replay(reqs, w.url, ClientConfig(), progress)
+        finally:
+            await w.stop()
+
+    records, _ = run_async(main(), 60)
+    assert fractions[-1] == 1.0 and points, "no live point logged"
+    last = points[-1]
+    assert last["completed"] == 40  # the last completion always logs
+    assert last["window/hit_rate"] == pytest.approx(5 / 20)
+    lat = (records["finish_s"] - records["arrival_s"]).to_numpy()
+    assert last["window/latency_p95_s"] == pytest.approx(np.percentile(lat, 95))  # all 40 within 10 s
+    assert {"window/completed_rps", "window/ttft_p50_s", "window/ttft_p95_s", "window/latency_p50_s"} <= set(last)
+    assert [p["completed"] for p in points] == sorted(p["completed"] for p in points)

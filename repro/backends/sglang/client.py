@@ -35,6 +35,7 @@ Nothing can hang: every request has that deadline, so the replay ends at the lat
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 from dataclasses import dataclass
@@ -151,6 +152,41 @@ async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _
     row.failed = False
 
 
+class LiveWindow:
+    """Sliding-window metrics of a live cell, streamed to W&B while it runs (`progress.log`):
+    the keys of repro.tracking.series over the last `window_s` wall seconds, at most one point
+    per `every_s`. Requests that failed count as completed but not in the latency windows."""
+
+    def __init__(self, total: int, log: Callable[[dict], None] | None, window_s: float = 10.0, every_s: float = 2.0):
+        self.total, self.log, self.window_s, self.every_s = total, log, window_s, every_s
+        self.done = 0
+        self._recent: collections.deque = collections.deque()  # (wall_s, latency_s, ttft_s, cached, prompt)
+        self._last = -math.inf
+
+    def add(self, row: _Row, now: float) -> None:
+        if self.log is None:
+            return
+        self.done += 1
+        if not row.failed:
+            self._recent.append((now, row.finish_s - row.arrival_s, row.first_token_s - row.arrival_s,
+                                 row.cached_tokens, row.prompt_tokens))
+        while self._recent and self._recent[0][0] < now - self.window_s:
+            self._recent.popleft()
+        if now - self._last >= self.every_s or self.done == self.total:
+            self._last = now
+            self.log(self.point())
+
+    def point(self) -> dict:
+        out: dict = {"completed": self.done, "window/completed_rps": len(self._recent) / self.window_s}
+        if self._recent:
+            _, lat, ttft, cached, prompt = (np.asarray(c, dtype=float) for c in zip(*self._recent))
+            out["window/hit_rate"] = float(cached.sum() / prompt.sum()) if prompt.sum() > 0 else math.nan
+            for name, v in (("latency", lat), ("ttft", ttft)):
+                p50, p95 = np.percentile(v, (50, 95))
+                out[f"window/{name}_p50_s"], out[f"window/{name}_p95_s"] = float(p50), float(p95)
+        return out
+
+
 async def replay(
     requests: Sequence[Any],
     base_url: str,
@@ -179,18 +215,23 @@ async def replay(
         loop = asyncio.get_running_loop()
         t0 = loop.time() - float(arrivals[0]) / cfg.time_scale  # the first request goes out now
         tasks = []
+        tasks_index: dict[asyncio.Task, int] = {}
 
-        def _done(_task: asyncio.Task) -> None:
+        live = LiveWindow(n, getattr(progress, "log", None))
+
+        def _done(task: asyncio.Task) -> None:
             nonlocal finished
             finished += 1
             if progress is not None and (finished % report_every == 0 or finished == n):
                 progress(finished / n)
+            live.add(rows[tasks_index[task]], loop.time())
 
         for req, row in zip(requests, rows):
             delay = t0 + float(req.arrival_s) / cfg.time_scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(_one(session, url, req, cfg, t0, row))
+            tasks_index[task] = len(tasks)
             task.add_done_callback(_done)
             tasks.append(task)
         results = await asyncio.gather(*tasks, return_exceptions=True)
