@@ -37,6 +37,9 @@ POLL_S = 1.0
 
 
 def _raise_stopped(signum, frame):  # noqa: ARG001
+    # One-shot: PR_SET_PDEATHSIG and the watchdog may both signal; a second Stopped raised
+    # inside the unwinding (lock release, partial-file cleanup) would leave the cell half-cleaned.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped(f"signal {signum}")
 
 

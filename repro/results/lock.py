@@ -15,9 +15,11 @@ same dead lock cannot both win; the loser simply sees the winner's fresh lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -71,6 +73,19 @@ class LockBusy(RuntimeError):
     """The cell is being computed by another live process."""
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Hold SIGINT/SIGTERM until the block is done (main thread, where Python runs handlers)."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class CellLock:
     """Non-blocking lock on one cell folder. Use try_acquire()/release() or `with`."""
 
@@ -119,22 +134,24 @@ class CellLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             me = owner_record()
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._break_if_dead():
-                    return False
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-                f.flush()
-                os.fsync(f.fileno())
-            # NFS: a retransmitted create can succeed for someone else; trust the content only
-            if (self.read_owner() or {}).get("token") != me["token"]:
+            with _signals_deferred():  # a stop between create and self.owner would orphan the file
+                try:
+                    fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    fd = None
+                if fd is not None:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump(me, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    # NFS: a retransmitted create can succeed for someone else; trust the content only
+                    if (self.read_owner() or {}).get("token") != me["token"]:
+                        return False
+                    self.owner = me
+                    self._start_heartbeat()
+                    return True
+            if not self._break_if_dead():
                 return False
-            self.owner = me
-            self._start_heartbeat()
-            return True
         return False
 
     def _break_if_dead(self) -> bool:

@@ -126,9 +126,9 @@ def test_dry_run_from_another_directory_writes_nothing_and_sees_the_project_resu
                          env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-1500:]
     n_committed = len(list((ROOT / "results" / "fig4_order").glob("*/summary.json")))
-    last = res.stdout.strip().splitlines()[-1]  # "fig4_order: 6 cell(s), F finished, S stale, N to run"
+    last = res.stdout.strip().splitlines()[-1]  # "fig4_order: C cell(s), F finished, S stale, N to run"
     words = last.replace(",", "").split()
-    assert words[:3] == ["fig4_order:", "6", "cell(s)"], last
+    assert words[0] == "fig4_order:" and words[2] == "cell(s)" and int(words[1]) >= n_committed, last
     assert int(words[3]) + int(words[5]) == n_committed  # the repository's results/, not <cwd>/results
     assert os.listdir(tmp_path) == []
 
