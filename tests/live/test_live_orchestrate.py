@@ -316,3 +316,41 @@ def test_plan_spreads_workers_over_the_nodes_of_a_slurm_job(tmp_path, monkeypatc
     cfg = _cfg(10)
     cfg["backend"]["placement"] = "local"
     assert all(w.node is None for w in orchestrate.plan_cell(cfg, [20_000] * 10, _seeds(10), tmp_path / "l").workers)
+
+
+def test_live_cells_stream_per_worker_state_from_the_router_stats():
+    """In flight / queue / KV-use curves of a live cell come from the router service's /stats."""
+    import asyncio
+
+    from aiohttp import web
+
+    from repro.backends.sglang import protocol
+    from repro.backends.sglang.orchestrate import _stream_worker_state
+
+    polls = []
+
+    async def stats(_request):
+        polls.append(1)
+        return web.json_response({"workers": [
+            {"worker_id": 0, "in_flight": len(polls), "waiting": 1, "active_kv_tokens": 100 * len(polls)},
+            {"worker_id": 1, "in_flight": 0, "waiting": 0, "active_kv_tokens": 0}]})
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/stats", stats)
+        runner, port = await protocol.serve_app(app)
+        points = []
+        task = asyncio.ensure_future(_stream_worker_state(f"http://127.0.0.1:{port}", points.append, every_s=0.05))
+        try:
+            while len(points) < 3:
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await runner.cleanup()
+        return points
+
+    points = asyncio.run(asyncio.wait_for(main(), 20))
+    assert points[0] == {"in_flight/w0": 1, "queue/w0": 1, "kv_use/w0": 100,
+                         "in_flight/w1": 0, "queue/w1": 0, "kv_use/w1": 0}
+    assert [p["in_flight/w0"] for p in points[:3]] == [1, 2, 3]

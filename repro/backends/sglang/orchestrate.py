@@ -741,6 +741,28 @@ class PlanResult:
     startup_s: dict
 
 
+async def _stream_worker_state(router_url: str, log: Callable[[dict], None], every_s: float = 2.0) -> None:
+    """Per-worker curves of a live cell for W&B (the keys of repro.tracking.series): the router
+    service's own view of each worker (in flight, waiting, estimated KV use), polled from /stats."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                async with session.get(f"{router_url}/stats", timeout=aiohttp.ClientTimeout(total=every_s)) as r:
+                    workers = (await r.json())["workers"]
+            except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError):
+                continue  # a missed point; the cell itself is judged by the replay
+            point = {}
+            for w in workers:
+                i = w["worker_id"]
+                point[f"in_flight/w{i}"] = w["in_flight"]
+                point[f"queue/w{i}"] = w["waiting"]
+                point[f"kv_use/w{i}"] = w["active_kv_tokens"]
+            log(point)
+
+
 def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float], None] | None = None) -> PlanResult:
     """Start the workers and the router, replay `requests`, collect statistics, tear down."""
     from repro.backends.sglang.client import ClientConfig, replay
@@ -795,6 +817,9 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             async def _replay():
                 run = asyncio.ensure_future(replay(requests, plan.router_url, client_cfg, progress))
                 watch = asyncio.ensure_future(_watch_nodes())
+                live = getattr(progress, "log", None)
+                poll = asyncio.ensure_future(_stream_worker_state(plan.router_url, live)
+                                             if live is not None and plan.router_impl == "ours" else asyncio.sleep(0))
                 try:
                     done, _ = await asyncio.wait({run, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                     if run in done:
@@ -808,9 +833,9 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                         f"(router log: {plan.router.log_path})"
                     )
                 finally:
-                    for t in (run, watch):
+                    for t in (run, watch, poll):
                         t.cancel()
-                    await asyncio.gather(run, watch, return_exceptions=True)
+                    await asyncio.gather(run, watch, poll, return_exceptions=True)
 
             records, report = asyncio.run(_replay())
             atomic_write_json(os.path.join(plan.log_dir, "client_report.json"), report)

@@ -645,6 +645,8 @@ class RouterService:
             "completed": w.completed,
             "failed_attempts": w.failed_attempts,
             "in_flight": len(w.waiting) + len(w.running),
+            "waiting": len(w.waiting),
+            "active_kv_tokens": w.active_kv,  # the router's estimate (prompt + generated so far)
         }
 
     async def handle_stats(self, request):
