@@ -12,7 +12,6 @@ config; `timings` (routing / eviction CPU time) is machine-dependent and kept ap
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from omegaconf import DictConfig
 import repro
 from repro.backends.base import CellResult
 from repro.confutil import to_plain
+from repro.results.fingerprint import PYTHON_VERSION
 from repro.sim.cluster import SeedPlan, SimCluster, StateSampler
 from repro.sim.worker import SchedulerConfig
 
@@ -109,7 +109,7 @@ def run_cell(
         "sim": result.stats,
         "versions": {
             "repro": repro.__version__,
-            "python": platform.python_version(),
+            "python": PYTHON_VERSION,
             "numpy": np.__version__,
         },
     }

@@ -25,7 +25,6 @@ remove the cell's partial files and release its lock.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import socket
 import time
@@ -37,7 +36,7 @@ from typing import Any, Mapping
 
 from repro.harness import faults
 from repro.results import CellStore
-from repro.results.fingerprint import FINGERPRINT
+from repro.results.fingerprint import FINGERPRINT, PYTHON_VERSION
 from repro.results.fingerprint import file_sha256 as sha256_file
 from repro.results.lock import LOCK, CellLock
 
@@ -80,7 +79,7 @@ class CellOutcome:
 def package_versions() -> dict[str, str]:
     import repro
 
-    out = {"repro": repro.__version__, "python": platform.python_version()}
+    out = {"repro": repro.__version__, "python": PYTHON_VERSION}
     for name in VERSIONED_PACKAGES:
         try:
             out[name] = metadata.version(name)

@@ -31,6 +31,10 @@ FINGERPRINT = "fingerprint.json"
 FORMAT = 1
 
 
+# Python as results record it: major.minor (patch releases do not change numbers; the
+# fingerprint and every summary's provenance use this one value).
+PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
+
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -189,7 +193,7 @@ def library_versions(top_level_names: Iterable[str]) -> dict[str, str]:
     """Versions of the installed distributions behind these import names (stdlib skipped)."""
     from importlib import metadata
 
-    out: dict[str, str] = {"python": "%d.%d" % sys.version_info[:2]}
+    out: dict[str, str] = {"python": PYTHON_VERSION}
     dists = _distributions()
     for name in sorted(set(top_level_names)):
         if name in sys.stdlib_module_names or name == "__future__":

@@ -14,7 +14,6 @@ few phases and seeds (seconds; for tests). The figure is rendered from results/ 
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 
@@ -22,6 +21,7 @@ import numpy as np
 import yaml
 
 from repro.results import CellStore, run_signature
+from repro.results.fingerprint import PYTHON_VERSION
 from repro.theory.experiment import run_theory_cell
 
 EXP = "thm_competitive_ratio"
@@ -70,7 +70,7 @@ def run_cell_stored(params: dict, results_dir: str) -> tuple[dict, bool]:
         "provenance": {
             "code": "repro.theory.competitive_ratio",
             "model": "single worker, replayer",
-            "python": platform.python_version(),
+            "python": PYTHON_VERSION,
             "numpy": np.__version__,
             "signature": sig,
         },

@@ -32,11 +32,11 @@ latencies test the machinery; they are not results.
 from __future__ import annotations
 
 import math
-import platform
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from repro.confutil import get_path, to_plain
+from repro.results.fingerprint import PYTHON_VERSION
 
 BACKEND_KEYS = frozenset({
     "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
@@ -177,7 +177,7 @@ def _versions(emulate: bool) -> dict:
 
     import repro
 
-    out = {"repro": repro.__version__, "python": platform.python_version(), "numpy": np.__version__}
+    out = {"repro": repro.__version__, "python": PYTHON_VERSION, "numpy": np.__version__}
     for pkg in ("aiohttp",) + (() if emulate else ("sglang", "sglang-router")):
         try:
             out[pkg] = metadata.version(pkg)
