@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -105,11 +106,13 @@ def test_a_ten_worker_fig6_cell_spans_two_nodes_and_matches_the_one_node_cell(sl
     for i in range(10):  # every server's log is in the cell's folder
         assert "serving on http://" in (two / "logs" / f"worker{i}.log").read_text()
     s2, s1 = (json.loads((d / "summary.json").read_text()) for d in (two, one))
-    # Tolerance: the requests, their routing inputs and the caches are the same; only wall-clock timing
-    # differs (which requests share a batch, load ties). CacheAware+LRU's hit rate has matched the
-    # simulator's exactly on emulated runs (backend.py); allow the 2 points the backend guarantees.
+    # Tolerance: the requests and the caches are the same; only wall-clock timing differs, and with
+    # sglang-router 0.3.2's rule it moves routing: a low-match request goes to the least-loaded worker,
+    # i.e. it follows the in-flight counts at decision time. Five emulated runs of this cell on one node
+    # (two of them while another cell shared the 2 cores) gave hit rates 0.569-0.606 (the simulator:
+    # 0.575): 5 points covers that spread; placement itself must not add to it.
     assert s2["num_requests"] == s1["num_requests"] == 200 and s2["num_failed"] == s1["num_failed"] == 0
-    assert abs(s2["hit_rate"] - s1["hit_rate"]) <= 0.02, (s2["hit_rate"], s1["hit_rate"])
+    assert abs(s2["hit_rate"] - s1["hit_rate"]) <= 0.05, (s2["hit_rate"], s1["hit_rate"])
     print(f"\n2 nodes: hit rate {s2['hit_rate']:.4f}, p50 latency {s2['latency_p50_s']:.3f}s; "
           f"1 node: hit rate {s1['hit_rate']:.4f}, p50 latency {s1['latency_p50_s']:.3f}s")
     assert not _procs_mentioning(tmp_path)
@@ -119,8 +122,10 @@ def test_a_killed_remote_server_fails_the_cell_naming_its_node_and_leaves_nothin
     _needs_two_nodes(slurm_cluster)
     name = unique_name()
     try:
-        # worker 7 (node2) dies hard when its 3rd request arrives
-        job = _submit(tmp_path, name, CELL + ["++backend.emulator.faults={7:{exit_after_requests:3}}"])
+        # node2's workers (5-9) die hard on their first request: under the 0.3.2 rule a given worker may
+        # get only a couple of this cell's 200 requests, but node2 as a whole always gets some
+        faults = ",".join(f"{i}:{{exit_after_requests:1}}" for i in range(5, 10))
+        job = _submit(tmp_path, name, CELL + [f"++backend.emulator.faults={{{faults}}}"])
         _wait_done(job, 240)
         (row,) = sacct_rows(name, 1)
     finally:
@@ -129,7 +134,7 @@ def test_a_killed_remote_server_fails_the_cell_naming_its_node_and_leaves_nothin
     assert row["State"] == "FAILED", (row, out[-3000:])
     assert "node node2: the server step ended with code" in out and "in the middle of the cell" in out, out[-3000:]
     agent_log = (_cell_dir(tmp_path) / "logs" / "node-node2.log").read_text()
-    assert "server worker7 exited with code" in agent_log, agent_log
+    assert re.search(r"server worker[5-9] exited with code", agent_log), agent_log
     assert not (_cell_dir(tmp_path) / "summary.json").exists()
     time.sleep(1)
     assert not _procs_mentioning(tmp_path), "processes of the cell outlived it"
