@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 LPM_RANK_ACCESS = ("peek", "match")
+CHUNK_INSERTION = ("whole", "per_chunk")
 # SGLang 0.5.23 schedule_policy.IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (env defaults)
 IN_BATCH_CHECK_THRESHOLD = 32
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
@@ -94,6 +95,9 @@ class SchedulerConfig:
     in_batch_prefix_caching: bool = True  # (a) SGLang's in-batch prefix deprioritisation in lpm
     lpm_rank_access: str = "match"  # (d) lpm ranking accesses (stamps) every queued prefix; "peek": not
     exact_budgets: bool = True  # SGLang's admission arithmetic (see SimWorker._admit_exact)
+    # (c) "per_chunk": a prompt enters the tree as far as it is computed, after each prefill step
+    # (SGLang's cache_unfinished_req); "whole": the whole prompt when its batch is formed
+    chunk_insertion: str = "per_chunk"
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -112,6 +116,12 @@ class SchedulerConfig:
                 raise ValueError(f"scheduler.{name} must be true or false, got {getattr(self, name)!r}")
         if self.lpm_rank_access not in LPM_RANK_ACCESS:
             raise ValueError(f"scheduler.lpm_rank_access must be one of {LPM_RANK_ACCESS}, got {self.lpm_rank_access!r}")
+        if self.chunk_insertion not in CHUNK_INSERTION:
+            raise ValueError(
+                f"scheduler.chunk_insertion must be one of {CHUNK_INSERTION}, got {self.chunk_insertion!r}"
+            )
+        if self.chunk_insertion == "per_chunk" and not self.exact_budgets:
+            raise ValueError("scheduler.chunk_insertion: per_chunk needs scheduler.exact_budgets: true")
 
     @property
     def chunk_limit(self) -> int:
@@ -275,6 +285,7 @@ class SimWorker:
         self.in_batch = scheduler.in_batch_prefix_caching
         self.rank_match = scheduler.lpm_rank_access == "match"
         self.exact = scheduler.exact_budgets
+        self.per_chunk = scheduler.chunk_insertion == "per_chunk"
         # rank at every pass SGLang ranks (its queue order and recency depend on it)
         self.rank_sglang_times = self.exact or self.rank_match
         # SGLang admits only when prompt + output + 1 page < free KV: a longer request waits forever
@@ -309,6 +320,7 @@ class SimWorker:
         # queued request's peek_prefix is recomputed only after the tree changed.
         self.tree_version = 0
         self._pass_phys = 0  # exact: KV the prefill batch being formed will allocate
+        self.alloc_tokens = 0  # per_chunk: KV of the running prefill step, not in the tree until it ends
         self.last_ranked: list[int] = []  # the queue order of the latest batch formation (tests read it)
 
     # ------------------------------------------------------------------ router-visible state
@@ -328,7 +340,7 @@ class SimWorker:
 
     @property
     def kv_used_tokens(self) -> int:
-        return int(self.cache.total_size()) + self.live_generated
+        return int(self.cache.total_size()) + self.live_generated + self.alloc_tokens
 
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
@@ -472,21 +484,25 @@ class SimWorker:
         self.tree_version += 1
         return True
 
-    def _admit_exact(self, i: int, p: int, c0: int, extra: int) -> int:
+    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int) -> int:
         """SGLang's PrefillAdder.add_one_req memory rule; returns this admission's `extra`, -1 if refused.
 
         SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,
         with the request's cached prefix (its match capped at len - 1) locked; an admitted request
         keeps that lock, and nothing is evicted or inserted until the batch is allocated
         (`_commit_exact`), so `extra` is the pass's reservations (SGLang's total_offset beyond the
-        running batch) and our tree and reservations are those of the pass start.
+        running batch) and our tree and reservations are those of the pass start. Physically the
+        batch allocates the request's new tokens (per_chunk: only its first chunk) and its output.
         """
         t = self.table
         cache = self.cache
         out = t.output_len[i]
         plen = t.prompt_len[i]
         want = plen - c0 + out + 1 + extra
-        phys = self._pass_phys + plen - p + out  # tokens the batch's allocation will need
+        new = plen - p
+        if self.per_chunk and new > rem_chunk:
+            new = rem_chunk
+        phys = self._pass_phys + new + out  # tokens the batch's allocation will need
         node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
         cache.inc_lock_ref(node)
         room = self.capacity - cache.total_size() - self.reserved_tokens + cache.evictable_size()
@@ -498,12 +514,26 @@ class SimWorker:
         return plen - c0 + 1 + out
 
     def _commit_exact(self, admitted: list[int]) -> None:
-        """Allocate the batch SGLang-style: evict the shortfall once, then insert and lock the prompts."""
+        """Allocate the batch SGLang-style: evict the shortfall once, then insert and lock the prompts
+        (per_chunk: they stay outside the tree, as allocated KV, until their step ends)."""
         t = self.table
         cache = self.cache
         free = self.capacity - cache.total_size() - self.reserved_tokens
         if self._pass_phys > free:
             self._evict(self._pass_phys - free)
+            free = self.capacity - cache.total_size() - self.reserved_tokens
+            if self._pass_phys > free:  # the kvcache broke its evict contract, or a chunk found no room
+                raise RuntimeError(
+                    f"worker {self.worker_id}: after evict() {free} tokens are free, {self._pass_phys} needed"
+                )
+        if self.per_chunk:
+            outs = 0
+            for i in admitted:
+                outs += t.output_len[i]
+            self.reserved_tokens += outs
+            self.alloc_tokens = self._pass_phys - outs
+            self._pass_phys = 0
+            return
         self._pass_phys = 0
         for i in admitted:
             ins = cache.insert(t.prompt_key[i])
@@ -546,7 +576,11 @@ class SimWorker:
             rem_input -= n
             if exact:  # SGLang reserves this chunk (+1 page) and the output with the last chunk
                 out = t.output_len[ch]
-                extra = n + 1 + (out if n == rest else 0) - rest - out
+                if self.per_chunk:  # our tree holds what SGLang's does; the chunk is allocated now
+                    extra = n + 1 + (out if n == rest else 0) - out
+                    self._pass_phys = n
+                else:  # our tree already holds the rest
+                    extra = n + 1 + (out if n == rest else 0) - rest - out
         ranked = None
         if self.waiting and (self.rank_sglang_times) and (slots > 0 or ch >= 0):
             # SGLang ranks (and, with lpm_rank_access=match, accesses) whenever a pass runs
@@ -568,7 +602,7 @@ class SimWorker:
                     # SGLang checks the input budget per request only without chunking
                     if no_chunking and batch and n_total >= rem_input:
                         break
-                    e = self._admit_exact(i, p, c0, extra)
+                    e = self._admit_exact(i, p, c0, extra, rem_chunk)
                     if e < 0:
                         break
                     extra += e
@@ -605,6 +639,8 @@ class SimWorker:
                 else:
                     gone = set(admitted)
                     self.waiting = [i for i in self.waiting if i not in gone]
+        if self.per_chunk and ch >= 0 and not admitted:
+            self._commit_exact(admitted)  # the continuing chunk alone: allocate it
         return batch, admitted, tokens, attn
 
     # ------------------------------------------------------------------ steps
@@ -645,9 +681,19 @@ class SimWorker:
         if batch is not None:
             prefilled, clen = t.prefilled, t.compute_len
             chunked = -1
+            per_chunk = self.per_chunk
+            if per_chunk:
+                cache, cstart, keys, locks = self.cache, t.compute_start, t.prompt_key, t.lock_node
+                self.alloc_tokens = 0
+                self.tree_version += 1
             for i, n in batch:
                 pf = prefilled[i] + n
                 prefilled[i] = pf
+                if per_chunk:  # SGLang's cache_unfinished_req: the computed prefix into the tree
+                    ins = cache.insert(keys[i][: (cstart[i] + pf) << 2])
+                    cache.inc_lock_ref(ins.last_node)
+                    cache.dec_lock_ref(locks[i])
+                    locks[i] = ins.last_node
                 if pf < clen[i]:
                     chunked = i
                     continue
@@ -668,7 +714,7 @@ class SimWorker:
                     else:
                         lst.append(i)
             self.chunked = chunked
-            if chunked >= 0:
+            if chunked >= 0 and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
                 self.pending = [(t.prompt_tokens[chunked], t.compute_start[chunked] + prefilled[chunked])]
             else:
                 self.pending = []

@@ -160,7 +160,7 @@ def test_generated_states_agree_in_exact_mode_with_coverage(sgs, capsys):
         for m, r in rates.items():
             print(f"  {m:28s} " + "  ".join(f"{k} {100 * v:6.2f}%" for k, v in r.items()))
         print("  coverage: " + ", ".join(f"{c} {100 * v / N_GENERATED:.1f}%" for c, v in sorted(cover.items())))
-    assert rates["exact (all switches: defaults)"] == {k: 1.0 for k in D.KINDS}
+    assert rates["exact (all switches)"] == {k: 1.0 for k in D.KINDS}
     for case in ("lpm_shared_prefix", "in_batch_prefix_rule", "fcfs_fallback_over_128", "fcfs", "budget_edge",
                  "chunked_continuing", "new_chunk", "memory_too_full_to_admit", "max_running_requests"):
         assert cover.get(case, 0) >= 0.01 * N_GENERATED, (case, cover)
