@@ -13,7 +13,8 @@ What it reproduces (SGLang `Scheduler.get_next_batch_to_run` + `PrefillAdder`):
   prefilled in chunks over several steps; at most one chunked request at a time; its next chunk
   goes first into the next batch). `chunked_prefill_size: null` (or <= 0) disables chunking.
 - Admission of a request into a batch: ``match_prefix(prompt)`` (an access), lock, make room with
-  ``evict``, ``insert(prompt)``, move the lock to the prompt's last node. A request that does not
+  ``evict``, ``insert(prompt)`` (with `chunk_insertion: per_chunk`, the default: after each step,
+  as far as computed), move the lock to the inserted prompt's last node. A request that does not
   fit stops the batch (head-of-line, like SGLang's adder stopping at NO_TOKEN).
 - The step holding a request's last prefill chunk produces its first token; then one token per
   decode step. On finish: ``insert(prompt + generated)``, release the reservation, unlock.
@@ -29,22 +30,27 @@ the agreement rates with each switch off and what each changes in results):
   against free + evictable minus the pass's reservations with the prefix capped at len - 1 locked,
   eviction once per batch in `_commit_exact`, the input budget checked between requests only when
   chunking is on), lpm keys capped at len - 1, and the queue order persisting between passes.
-With all three off the worker is the earlier simplified scheduler (the slow reference in
-tests/sim/reference_sim.py restates that mode).
+- `chunk_insertion: per_chunk` (needs `exact_budgets`): a batch allocates only what its step
+  computes (a chunked request's current chunk; `alloc_tokens`, counted in `kv_used_tokens`), and
+  when the step ends each request's prompt goes into the tree as far as computed, its lock moved
+  there (SGLang's `cache_unfinished_req`). So between steps the tree holds what SGLang's holds: a
+  chunked prompt's uncomputed rest is neither cached nor allocated, routers' `peek_prefix` sees
+  only the computed part, and nodes split at chunk boundaries. `whole`: the whole prompt is
+  inserted (and its KV taken) when its batch is formed; decisions of a pass are the same (the
+  budget arithmetic adds the held rest back), but eviction happens earlier and the rest is locked.
+With all switches off (`chunk_insertion: whole`) the worker is the earlier simplified scheduler
+(the slow reference in tests/sim/reference_sim.py restates that mode).
 
 Simplifications and choices the paper leaves open (each one deliberate):
 - Output tokens are RESERVED in full at admission, so a running request is never evicted or
   retracted. That is what SGLang does for `ignore_eos` requests (ratio 1.0 whatever its
   new_token_ratio), which is what our backend sends; EOS-terminated requests (new_token_ratio
   reservation, retraction under decode memory pressure) are not modelled.
-- The KV of the whole prompt is inserted into the tree when its batch is formed, even when its
-  prefill is chunked over several steps (SGLang inserts chunk by chunk, after each is computed).
-  Decisions do not see it (hits are capped below), but a router's `peek_prefix` does, one step early.
 - Hit tokens (`cached_tokens`) = the longest cached prefix whose KV is already COMPUTED when the
   batch is formed, as in SGLang where all requests of a batch are matched before any of them is
   inserted: a request cannot hit tokens that another request of the same batch is computing, nor
-  the not-yet-prefilled chunks of the chunked request (their tree nodes exist here because of
-  whole-prompt insertion).
+  the not-yet-prefilled chunks of the chunked request (their tree nodes exist only with
+  `chunk_insertion: whole`).
 - A fully cached prompt still computes one token (its last; SGLang caps the prefix at len - 1 to
   get logits); `cached_tokens` records the full match.
 - With `exact_budgets` off, admission matches, evicts and inserts request by request (a need of
@@ -690,7 +696,9 @@ class SimWorker:
                 pf = prefilled[i] + n
                 prefilled[i] = pf
                 if per_chunk:  # SGLang's cache_unfinished_req: the computed prefix into the tree
-                    ins = cache.insert(keys[i][: (cstart[i] + pf) << 2])
+                    key = keys[i]
+                    end = (cstart[i] + pf) << 2
+                    ins = cache.insert(key if end == len(key) else key[:end])
                     cache.inc_lock_ref(ins.last_node)
                     cache.dec_lock_ref(locks[i])
                     locks[i] = ins.last_node
