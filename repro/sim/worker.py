@@ -60,7 +60,8 @@ Simplifications and choices the paper leaves open (each one deliberate):
 - Decode context of a step = sum over the running batch of (prompt + tokens generated so far);
   prefill attention work = sum n * (c + n / 2) with n new and c already computed tokens.
 - `kv_used_tokens` (router view) = tokens in the tree (evictable included) + KV of generated
-  tokens not yet inserted (those still being decoded); reservations are not counted.
+  tokens not yet inserted (those still being decoded) + with per_chunk, during a prefill step, the
+  KV it allocated (`alloc_tokens`, in the tree when the step ends); reservations are not counted.
 - Not modelled: SGLang's sticky `batch_is_full` flag, mixed chunks, priority scheduling, the
   overlap scheduler, page size > 1 (page = 1 token), scheduler CPU time.
 """
