@@ -35,6 +35,7 @@ class SchedulerSchema:
     in_batch_prefix_caching: bool = True  # SGLang's in-batch prefix deprioritisation (repro/sim/worker.py)
     lpm_rank_access: str = "match"  # match | peek: lpm ranking touches recency like SGLang's match_prefix
     exact_budgets: bool = True  # SGLang's admission arithmetic and persistent queue order
+    chunk_insertion: str = "per_chunk"  # per_chunk | whole: a prompt enters the tree as far as it is prefilled
 
 
 @dataclass

@@ -13,7 +13,8 @@ What it reproduces (SGLang `Scheduler.get_next_batch_to_run` + `PrefillAdder`):
   prefilled in chunks over several steps; at most one chunked request at a time; its next chunk
   goes first into the next batch). `chunked_prefill_size: null` (or <= 0) disables chunking.
 - Admission of a request into a batch: ``match_prefix(prompt)`` (an access), lock, make room with
-  ``evict``, ``insert(prompt)``, move the lock to the prompt's last node. A request that does not
+  ``evict``, ``insert(prompt)`` (with `chunk_insertion: per_chunk`, the default: after each step,
+  as far as computed), move the lock to the inserted prompt's last node. A request that does not
   fit stops the batch (head-of-line, like SGLang's adder stopping at NO_TOKEN).
 - The step holding a request's last prefill chunk produces its first token; then one token per
   decode step. On finish: ``insert(prompt + generated)``, release the reservation, unlock.
@@ -29,22 +30,27 @@ the agreement rates with each switch off and what each changes in results):
   against free + evictable minus the pass's reservations with the prefix capped at len - 1 locked,
   eviction once per batch in `_commit_exact`, the input budget checked between requests only when
   chunking is on), lpm keys capped at len - 1, and the queue order persisting between passes.
-With all three off the worker is the earlier simplified scheduler (the slow reference in
-tests/sim/reference_sim.py restates that mode).
+- `chunk_insertion: per_chunk` (needs `exact_budgets`): a batch allocates only what its step
+  computes (a chunked request's current chunk; `alloc_tokens`, counted in `kv_used_tokens`), and
+  when the step ends each request's prompt goes into the tree as far as computed, its lock moved
+  there (SGLang's `cache_unfinished_req`). So between steps the tree holds what SGLang's holds: a
+  chunked prompt's uncomputed rest is neither cached nor allocated, routers' `peek_prefix` sees
+  only the computed part, and nodes split at chunk boundaries. `whole`: the whole prompt is
+  inserted (and its KV taken) when its batch is formed; decisions of a pass are the same (the
+  budget arithmetic adds the held rest back), but eviction happens earlier and the rest is locked.
+With all switches off (`chunk_insertion: whole`) the worker is the earlier simplified scheduler
+(the slow reference in tests/sim/reference_sim.py restates that mode).
 
 Simplifications and choices the paper leaves open (each one deliberate):
 - Output tokens are RESERVED in full at admission, so a running request is never evicted or
   retracted. That is what SGLang does for `ignore_eos` requests (ratio 1.0 whatever its
   new_token_ratio), which is what our backend sends; EOS-terminated requests (new_token_ratio
   reservation, retraction under decode memory pressure) are not modelled.
-- The KV of the whole prompt is inserted into the tree when its batch is formed, even when its
-  prefill is chunked over several steps (SGLang inserts chunk by chunk, after each is computed).
-  Decisions do not see it (hits are capped below), but a router's `peek_prefix` does, one step early.
 - Hit tokens (`cached_tokens`) = the longest cached prefix whose KV is already COMPUTED when the
   batch is formed, as in SGLang where all requests of a batch are matched before any of them is
   inserted: a request cannot hit tokens that another request of the same batch is computing, nor
-  the not-yet-prefilled chunks of the chunked request (their tree nodes exist here because of
-  whole-prompt insertion).
+  the not-yet-prefilled chunks of the chunked request (their tree nodes exist only with
+  `chunk_insertion: whole`).
 - A fully cached prompt still computes one token (its last; SGLang caps the prefix at len - 1 to
   get logits); `cached_tokens` records the full match.
 - With `exact_budgets` off, admission matches, evicts and inserts request by request (a need of
@@ -54,7 +60,8 @@ Simplifications and choices the paper leaves open (each one deliberate):
 - Decode context of a step = sum over the running batch of (prompt + tokens generated so far);
   prefill attention work = sum n * (c + n / 2) with n new and c already computed tokens.
 - `kv_used_tokens` (router view) = tokens in the tree (evictable included) + KV of generated
-  tokens not yet inserted (those still being decoded); reservations are not counted.
+  tokens not yet inserted (those still being decoded) + with per_chunk, during a prefill step, the
+  KV it allocated (`alloc_tokens`, in the tree when the step ends); reservations are not counted.
 - Not modelled: SGLang's sticky `batch_is_full` flag, mixed chunks, priority scheduling, the
   overlap scheduler, page size > 1 (page = 1 token), scheduler CPU time.
 """
@@ -74,6 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 LPM_RANK_ACCESS = ("peek", "match")
+CHUNK_INSERTION = ("whole", "per_chunk")
 # SGLang 0.5.23 schedule_policy.IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (env defaults)
 IN_BATCH_CHECK_THRESHOLD = 32
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
@@ -94,6 +102,9 @@ class SchedulerConfig:
     in_batch_prefix_caching: bool = True  # (a) SGLang's in-batch prefix deprioritisation in lpm
     lpm_rank_access: str = "match"  # (d) lpm ranking accesses (stamps) every queued prefix; "peek": not
     exact_budgets: bool = True  # SGLang's admission arithmetic (see SimWorker._admit_exact)
+    # (c) "per_chunk": a prompt enters the tree as far as it is computed, after each prefill step
+    # (SGLang's cache_unfinished_req); "whole": the whole prompt when its batch is formed
+    chunk_insertion: str = "per_chunk"
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -112,6 +123,12 @@ class SchedulerConfig:
                 raise ValueError(f"scheduler.{name} must be true or false, got {getattr(self, name)!r}")
         if self.lpm_rank_access not in LPM_RANK_ACCESS:
             raise ValueError(f"scheduler.lpm_rank_access must be one of {LPM_RANK_ACCESS}, got {self.lpm_rank_access!r}")
+        if self.chunk_insertion not in CHUNK_INSERTION:
+            raise ValueError(
+                f"scheduler.chunk_insertion must be one of {CHUNK_INSERTION}, got {self.chunk_insertion!r}"
+            )
+        if self.chunk_insertion == "per_chunk" and not self.exact_budgets:
+            raise ValueError("scheduler.chunk_insertion: per_chunk needs scheduler.exact_budgets: true")
 
     @property
     def chunk_limit(self) -> int:
@@ -275,6 +292,7 @@ class SimWorker:
         self.in_batch = scheduler.in_batch_prefix_caching
         self.rank_match = scheduler.lpm_rank_access == "match"
         self.exact = scheduler.exact_budgets
+        self.per_chunk = scheduler.chunk_insertion == "per_chunk"
         # rank at every pass SGLang ranks (its queue order and recency depend on it)
         self.rank_sglang_times = self.exact or self.rank_match
         # SGLang admits only when prompt + output + 1 page < free KV: a longer request waits forever
@@ -309,6 +327,7 @@ class SimWorker:
         # queued request's peek_prefix is recomputed only after the tree changed.
         self.tree_version = 0
         self._pass_phys = 0  # exact: KV the prefill batch being formed will allocate
+        self.alloc_tokens = 0  # per_chunk: KV of the running prefill step, not in the tree until it ends
         self.last_ranked: list[int] = []  # the queue order of the latest batch formation (tests read it)
 
     # ------------------------------------------------------------------ router-visible state
@@ -328,7 +347,7 @@ class SimWorker:
 
     @property
     def kv_used_tokens(self) -> int:
-        return int(self.cache.total_size()) + self.live_generated
+        return int(self.cache.total_size()) + self.live_generated + self.alloc_tokens
 
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
@@ -472,21 +491,25 @@ class SimWorker:
         self.tree_version += 1
         return True
 
-    def _admit_exact(self, i: int, p: int, c0: int, extra: int) -> int:
+    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int) -> int:
         """SGLang's PrefillAdder.add_one_req memory rule; returns this admission's `extra`, -1 if refused.
 
         SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,
         with the request's cached prefix (its match capped at len - 1) locked; an admitted request
         keeps that lock, and nothing is evicted or inserted until the batch is allocated
         (`_commit_exact`), so `extra` is the pass's reservations (SGLang's total_offset beyond the
-        running batch) and our tree and reservations are those of the pass start.
+        running batch) and our tree and reservations are those of the pass start. Physically the
+        batch allocates the request's new tokens (per_chunk: only its first chunk) and its output.
         """
         t = self.table
         cache = self.cache
         out = t.output_len[i]
         plen = t.prompt_len[i]
         want = plen - c0 + out + 1 + extra
-        phys = self._pass_phys + plen - p + out  # tokens the batch's allocation will need
+        new = plen - p
+        if self.per_chunk and new > rem_chunk:
+            new = rem_chunk
+        phys = self._pass_phys + new + out  # tokens the batch's allocation will need
         node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
         cache.inc_lock_ref(node)
         room = self.capacity - cache.total_size() - self.reserved_tokens + cache.evictable_size()
@@ -498,12 +521,26 @@ class SimWorker:
         return plen - c0 + 1 + out
 
     def _commit_exact(self, admitted: list[int]) -> None:
-        """Allocate the batch SGLang-style: evict the shortfall once, then insert and lock the prompts."""
+        """Allocate the batch SGLang-style: evict the shortfall once, then insert and lock the prompts
+        (per_chunk: they stay outside the tree, as allocated KV, until their step ends)."""
         t = self.table
         cache = self.cache
         free = self.capacity - cache.total_size() - self.reserved_tokens
         if self._pass_phys > free:
             self._evict(self._pass_phys - free)
+            free = self.capacity - cache.total_size() - self.reserved_tokens
+            if self._pass_phys > free:  # the kvcache broke its evict contract, or a chunk found no room
+                raise RuntimeError(
+                    f"worker {self.worker_id}: after evict() {free} tokens are free, {self._pass_phys} needed"
+                )
+        if self.per_chunk:
+            outs = 0
+            for i in admitted:
+                outs += t.output_len[i]
+            self.reserved_tokens += outs
+            self.alloc_tokens = self._pass_phys - outs
+            self._pass_phys = 0
+            return
         self._pass_phys = 0
         for i in admitted:
             ins = cache.insert(t.prompt_key[i])
@@ -546,7 +583,11 @@ class SimWorker:
             rem_input -= n
             if exact:  # SGLang reserves this chunk (+1 page) and the output with the last chunk
                 out = t.output_len[ch]
-                extra = n + 1 + (out if n == rest else 0) - rest - out
+                if self.per_chunk:  # our tree holds what SGLang's does; the chunk is allocated now
+                    extra = n + 1 + (out if n == rest else 0) - out
+                    self._pass_phys = n
+                else:  # our tree already holds the rest
+                    extra = n + 1 + (out if n == rest else 0) - rest - out
         ranked = None
         if self.waiting and (self.rank_sglang_times) and (slots > 0 or ch >= 0):
             # SGLang ranks (and, with lpm_rank_access=match, accesses) whenever a pass runs
@@ -568,7 +609,7 @@ class SimWorker:
                     # SGLang checks the input budget per request only without chunking
                     if no_chunking and batch and n_total >= rem_input:
                         break
-                    e = self._admit_exact(i, p, c0, extra)
+                    e = self._admit_exact(i, p, c0, extra, rem_chunk)
                     if e < 0:
                         break
                     extra += e
@@ -605,6 +646,8 @@ class SimWorker:
                 else:
                     gone = set(admitted)
                     self.waiting = [i for i in self.waiting if i not in gone]
+        if self.per_chunk and ch >= 0 and not admitted:
+            self._commit_exact(admitted)  # the continuing chunk alone: allocate it
         return batch, admitted, tokens, attn
 
     # ------------------------------------------------------------------ steps
@@ -645,9 +688,21 @@ class SimWorker:
         if batch is not None:
             prefilled, clen = t.prefilled, t.compute_len
             chunked = -1
+            per_chunk = self.per_chunk
+            if per_chunk:
+                cache, cstart, keys, locks = self.cache, t.compute_start, t.prompt_key, t.lock_node
+                self.alloc_tokens = 0
+                self.tree_version += 1
             for i, n in batch:
                 pf = prefilled[i] + n
                 prefilled[i] = pf
+                if per_chunk:  # SGLang's cache_unfinished_req: the computed prefix into the tree
+                    key = keys[i]
+                    end = (cstart[i] + pf) << 2
+                    ins = cache.insert(key if end == len(key) else key[:end])
+                    cache.inc_lock_ref(ins.last_node)
+                    cache.dec_lock_ref(locks[i])
+                    locks[i] = ins.last_node
                 if pf < clen[i]:
                     chunked = i
                     continue
@@ -668,7 +723,7 @@ class SimWorker:
                     else:
                         lst.append(i)
             self.chunked = chunked
-            if chunked >= 0:
+            if chunked >= 0 and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
                 self.pending = [(t.prompt_tokens[chunked], t.compute_start[chunked] + prefilled[chunked])]
             else:
                 self.pending = []

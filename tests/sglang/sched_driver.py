@@ -64,6 +64,7 @@ class Decision:
     chunk_continue: int | None  # tokens of the chunked request's next chunk (None: no chunked request)
     new_chunked: int | None  # waiting index left chunked by this pass
     stop: str = ""  # SGLang side: why admission stopped (drained, budget, memory, slots, no_pass)
+    tree: tuple = ()  # the radix tree when the pass starts: (tokens held, evictable tokens)
 
     def kinds(self) -> dict:
         return {
@@ -71,6 +72,7 @@ class Decision:
             "admitted": tuple(i for i, _, _ in self.admitted),
             "prefix": tuple((i, p) for i, p, _ in self.admitted),
             "chunk": (self.chunk_continue, self.new_chunked, tuple((i, n) for i, _, n in self.admitted)),
+            "tree": self.tree,
         }
 
 
@@ -193,12 +195,13 @@ def sglang_decide(state: SchedState, new_token_ratio: float | None = None, ignor
     waiting = [_req(sg, i, prompt, out, ignore_eos) for i, (prompt, out) in enumerate(state.waiting)]
     batch = _RunningBatch(running)
 
+    held = (int(tree.total_size()), int(tree.evictable_size()))
     policy = sg.sp.SchedulePolicy(state.policy, tree, False, False, False)
     chunk = state.chunked_prefill_size if state.chunked_prefill_size and state.chunked_prefill_size > 0 else None
     # --- the pass loop of Scheduler._get_new_batch_prefill_raw (non-LoRA, non-PP, non-HiCache)
     allocatable = state.max_running_requests - len(running)
     if (allocatable <= 0 or not waiting) and chunked is None:
-        return Decision([int(r.rid) for r in waiting], [], None, None, "no_pass")
+        return Decision([int(r.rid) for r in waiting], [], None, None, "no_pass", held)
     policy.calc_priority(waiting, batch)
     order = [int(r.rid) for r in waiting]
     adder = sg.sp.PrefillAdder(
@@ -229,7 +232,7 @@ def sglang_decide(state: SchedState, new_token_ratio: float | None = None, ignor
     admitted = [(int(r.rid), int(r.prefix_len), int(r.extend_end - r.prefix_len))
                 for r in adder.can_run_list if r is not chunked]
     new_chunked = int(adder.new_chunked_req.rid) if adder.new_chunked_req is not None else None
-    return Decision(order, admitted, chunk_continue, new_chunked, stop)
+    return Decision(order, admitted, chunk_continue, new_chunked, stop, held)
 
 
 # ---------------------------------------------------------------------------------------- ours
@@ -253,17 +256,23 @@ def _restore(w, running, chunked) -> None:
         w._finish_at.setdefault(w.decode_steps + t.output_len[i] - gen, []).append(i)
     if chunked is not None:
         i, done = chunked
-        assert w._admit(i, w.cache.peek_prefix(t.prompt_key[i])), "state does not fit"
+        if w.per_chunk:  # as after its last step: the computed prefix in the tree, locked; output reserved
+            node = w.cache.insert(t.prompt_key[i][: done << 2]).last_node
+            w.cache.inc_lock_ref(node)
+            t.lock_node[i] = node
+            w.reserved_tokens += t.output_len[i]
+        else:
+            assert w._admit(i, w.cache.peek_prefix(t.prompt_key[i])), "state does not fit"
         w.n_admitted += 1
         w.active_kv_tokens += t.prompt_len[i]
         t.compute_start[i] = 0
         t.compute_len[i] = t.prompt_len[i]
         t.prefilled[i] = done
         w.chunked = i
-        w.pending = [(t.prompt_tokens[i], done)]
+        w.pending = [] if w.per_chunk else [(t.prompt_tokens[i], done)]
 
 
-EXACT = dict(in_batch_prefix_caching=True, lpm_rank_access="match", exact_budgets=True)
+EXACT = dict(in_batch_prefix_caching=True, lpm_rank_access="match", exact_budgets=True, chunk_insertion="per_chunk")
 
 
 def ours_decide(state: SchedState, **modes) -> Decision:
@@ -296,6 +305,7 @@ def ours_decide(state: SchedState, **modes) -> Decision:
     for j in range(len(state.waiting)):
         w.enqueue(base + j)
     w.last_ranked = None
+    held = (int(cache.total_size()), int(cache.evictable_size()))
     batch, admitted, _, _ = w._form_prefill_batch()
     if w.last_ranked is None:  # not ranked this pass: SGLang's queue keeps its order
         w.last_ranked = list(w.waiting) if w.rank_sglang_times or not w.waiting else w._ranked_waiting()
@@ -309,7 +319,7 @@ def ours_decide(state: SchedState, **modes) -> Decision:
     for i in admitted:
         if rows[i] < table.compute_len[i]:
             new_chunked = i - base
-    return Decision(order, adm, chunk_continue, new_chunked)
+    return Decision(order, adm, chunk_continue, new_chunked, "", held)
 
 
 # ---------------------------------------------------------------------------------------- states
@@ -402,14 +412,15 @@ def _in_batch_applies(state: SchedState) -> bool:
     return any(_common(a, b) >= 32 for k, a in enumerate(short) for b in short[:k])
 
 
-KINDS = ("order", "admitted", "chunk", "prefix")
-SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False)
-MODES = {  # "simple": the simulator before these switches; each switch alone on top of it; all (the defaults)
+KINDS = ("order", "admitted", "chunk", "prefix", "tree")
+SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False, chunk_insertion="whole")
+MODES = {  # "simple": the simulator before these switches; each switch alone on top of it; all switches on
     "simple (all switches off)": SIMPLE,
     "a in_batch_prefix_caching": {**SIMPLE, "in_batch_prefix_caching": True},
     "d lpm_rank_access=match": {**SIMPLE, "lpm_rank_access": "match"},
     "exact_budgets": {**SIMPLE, "exact_budgets": True},
-    "exact (all switches: defaults)": EXACT,
+    "all but c (chunk_insertion=whole)": {**EXACT, "chunk_insertion": "whole"},
+    "exact (all switches)": EXACT,
 }
 
 

@@ -160,7 +160,7 @@ def test_generated_states_agree_in_exact_mode_with_coverage(sgs, capsys):
         for m, r in rates.items():
             print(f"  {m:28s} " + "  ".join(f"{k} {100 * v:6.2f}%" for k, v in r.items()))
         print("  coverage: " + ", ".join(f"{c} {100 * v / N_GENERATED:.1f}%" for c, v in sorted(cover.items())))
-    assert rates["exact (all switches: defaults)"] == {k: 1.0 for k in D.KINDS}
+    assert rates["exact (all switches)"] == {k: 1.0 for k in D.KINDS}
     for case in ("lpm_shared_prefix", "in_batch_prefix_rule", "fcfs_fallback_over_128", "fcfs", "budget_edge",
                  "chunked_continuing", "new_chunk", "memory_too_full_to_admit", "max_running_requests"):
         assert cover.get(case, 0) >= 0.01 * N_GENERATED, (case, cover)
@@ -177,3 +177,26 @@ def test_generated_states_property(sgs, seed, big):
     theirs, _ = _same(state)
     for tag in D.coverage(state, theirs):
         event(tag)
+
+
+@pytest.mark.parametrize("name", ["chunked_request_continuing", "chunked_request_last_chunk"])
+def test_chunk_insertion_tree_held_and_credited_prefix_mid_chunk(sgs, name):
+    """(c): while a request is mid-chunk SGLang's tree holds its prompt only as far as prefilled
+    (cache_unfinished_req after each chunk); a later request sharing that prompt is credited the
+    computed part only. per_chunk (the default) agrees on both; whole (the prompt inserted at
+    admission) credits the same prefix but holds the uncomputed rest in the tree (more tokens
+    held, more locked)."""
+    state = CASES[name]
+    theirs = D.sglang_decide(state)
+    done = state.chunked[2]
+    credited = dict((i, p) for i, p, _ in theirs.admitted)
+    if name == "chunked_request_last_chunk":  # request 0 shares more than `done` tokens with the chunked prompt
+        assert credited.get(0) == done
+    else:  # the continuing chunk spends the chunk budget: nothing else is admitted
+        assert not credited
+    whole = D.ours_decide(state, **{**D.EXACT, "chunk_insertion": "whole"})
+    per_chunk = D.ours_decide(state, **D.EXACT)
+    assert per_chunk.kinds() == theirs.kinds()
+    assert whole.kinds()["prefix"] == theirs.kinds()["prefix"]
+    rest = len(state.chunked[0]) - done
+    assert whole.tree == (theirs.tree[0] + rest, theirs.tree[1])  # the rest held, and locked

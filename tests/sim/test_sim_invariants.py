@@ -27,7 +27,7 @@ from tests.sim.sim_fakes import (
 ROUTERS = (RoundRobinRouter, RandomRouter, LeastLoadedRouter)
 
 
-SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False)
+SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False, chunk_insertion="whole")
 
 
 @st.composite
@@ -49,7 +49,7 @@ def cells(draw, exact_ok: bool = True):
     m = draw(st.integers(1, 3))
     caps = [biggest + draw(st.integers(0, 3 * biggest)) for _ in range(m)]
     sched = SchedulerConfig(
-        **({} if exact else SIMPLE),
+        **({"chunk_insertion": draw(st.sampled_from(["per_chunk", "whole"]))} if exact else SIMPLE),
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
         max_running_requests=draw(st.integers(1, 6)),
         max_prefill_tokens=draw(st.integers(1, 80)),
@@ -77,14 +77,21 @@ class Auditor:
 
     def __call__(self, event, w, info):
         cache, t = w.cache, w.table
-        # memory never over capacity (tree + reservations), at every step boundary
-        assert cache.total_size() + w.reserved_tokens <= w.capacity
-        assert w.reserved_tokens >= 0 and w.n_running >= 0
+        # memory never over capacity (tree + reservations + the running prefill's KV), at every step boundary
+        assert cache.total_size() + w.reserved_tokens + w.alloc_tokens <= w.capacity
+        assert w.reserved_tokens >= 0 and w.n_running >= 0 and w.alloc_tokens >= 0
+        if event == "end" or info.decode_batch:
+            assert w.alloc_tokens == 0  # per_chunk: a step's KV is in the tree when it ends
         # locked tokens never evicted: every admitted, unfinished request keeps its whole prompt
+        # (per_chunk: the prompt as far as computed, and nothing beyond it unless another prompt holds it)
         live = [i for i in range(t.n) if t.worker[i] == w.worker_id and t.lock_node[i] is not None]
         assert len(live) == w.n_admitted
         for i in live:
-            assert cache.peek_prefix(t.prompt_key[i]) == t.prompt_len[i]
+            held = cache.peek_prefix(t.prompt_key[i])
+            if self.sched.chunk_insertion == "per_chunk":
+                assert held >= t.compute_start[i] + t.prefilled[i]
+            else:
+                assert held == t.prompt_len[i]
         # the router's prefill-backlog estimate stays within [0, all uncomputed prompt tokens]
         backlog = sum(t.prompt_len[i] for i in w.waiting)
         if w.chunked >= 0:

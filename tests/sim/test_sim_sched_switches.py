@@ -16,7 +16,7 @@ from repro.sim.worker import SchedulerConfig
 from tests.sim.sim_fakes import FixedCostModel, FixedRouter, TrieCache, make_request
 
 COST = FixedCostModel(base_s=0.010, prefill_token_s=0.001, decode_seq_s=0.002)
-SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False)
+SIMPLE = dict(in_batch_prefix_caching=False, lpm_rank_access="peek", exact_budgets=False, chunk_insertion="whole")
 
 
 def run(requests, capacity=1000, cache=None, **sched):
@@ -99,7 +99,7 @@ def test_lpm_rank_access_match_accesses_queued_prompts_every_pass():
     for access in ("match", "peek"):
         cache = RecordingCache(1000)
         run([warm, *queued], cache=cache, chunked_prefill_size=None, max_prefill_tokens=5, lpm_rank_access=access,
-            exact_budgets=False, in_batch_prefix_caching=False)
+            exact_budgets=False, in_batch_prefix_caching=False, chunk_insertion="whole")
         keys = [r.prompt_tokens.astype("int32").tobytes() for r in queued]
         counts[access] = [sum(m == k for m in cache.matched) for k in keys]
     # peek: each queued prompt is matched once, at admission
