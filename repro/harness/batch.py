@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Sequence, TextIO
 
-from repro.harness.cell import CellOutcome, Stopped
+from repro.harness.cell import CellOutcome, Stopped, use_workload_memo
 from repro.harness.compose import GridComposer, compose_cells
 from repro.harness.grid import Cell, expand_grid, split_sweep_overrides
 from repro.harness.sweep import (
@@ -114,6 +114,7 @@ def run_experiments(
         overrides = [f"hydra.searchpath=[file://{config_dir}]", *overrides]
 
     def plan(submit) -> None:
+        use_workload_memo(True)  # validation builds each workload once (the pool's end turns it off)
         # one numbering over all experiments (the pool keys outcomes by index); labels stay
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()

@@ -50,8 +50,11 @@ def plan_cells(
     deep: bool = True,
 ) -> list[Cell]:
     """Expand the grid, compose and sign every cell, validate them all (ConfigError if any is bad)."""
+    from repro.harness.cell import use_workload_memo
+
     cells = expand_grid(params, overrides)
     compose_cells(cells, compose_fn)
+    use_workload_memo(True)  # validation builds each workload once; in-process cells reuse it
     validate_configs(((f"{c.index} [{c.label}]", c.config) for c in cells), deep=deep)
     return cells
 
