@@ -50,11 +50,8 @@ def plan_cells(
     deep: bool = True,
 ) -> list[Cell]:
     """Expand the grid, compose and sign every cell, validate them all (ConfigError if any is bad)."""
-    from repro.harness.cell import use_workload_memo
-
     cells = expand_grid(params, overrides)
     compose_cells(cells, compose_fn)
-    use_workload_memo(True)  # validation builds each workload once; in-process cells reuse it
     validate_configs(((f"{c.index} [{c.label}]", c.config) for c in cells), deep=deep)
     return cells
 
@@ -288,6 +285,16 @@ def run_sweep(
     out=None,
 ) -> int:
     """Plan, validate, run and report a whole grid; returns the process exit code."""
+    from repro.harness.cell import use_workload_memo
+
+    use_workload_memo(True)  # validation builds each workload once; in-process cells reuse it
+    try:
+        return _run_sweep(params, overrides, compose_fn, n_jobs=n_jobs, dry_run=dry_run, out=out)
+    finally:
+        use_workload_memo(False)  # the memo lives for one sweep (run_cells' end turns it off too)
+
+
+def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     out = out or sys.stdout
     cells = plan_cells(params, overrides, compose_fn)
     specs = make_specs(cells)
