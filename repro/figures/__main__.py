@@ -4,8 +4,9 @@
 Default: render the named artefacts (all when none is named) from results/ only, then rewrite
 figures/claims.md, figures/README.md and REPRODUCE.md's generated blocks (claims are always
 computed from all results; REPRODUCE.md only when rendering the repository's own results/, or the
-file given with --reproduce-md). --run-missing first runs, through `python -m repro.run +exp=NAME`,
-every experiment whose results are missing or incomplete (the harness skips finished cells).
+file given with --reproduce-md). --run-missing first runs the cells of every experiment whose results are missing or
+incomplete, all experiments' cells in one worker pool of this process (the same cells and files
+as `python -m repro.run +exp=NAME`; finished cells are skipped).
 --check writes nothing: it recomputes the claims table and REPRODUCE.md's generated blocks and
 exits 1 if they differ from the committed ones (CI, from committed summaries, no simulation).
 
@@ -49,24 +50,11 @@ def log(msg: str) -> None:
 
 
 # -- running experiments ---------------------------------------------------------------------
-def _repro_run(exp: str, results_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={results_dir}", *extra]
-    capture = bool(extra)  # the dry run is parsed; a real run streams its progress
-    return subprocess.run(cmd, capture_output=capture, text=True)
+def _run_grid(exps: list[str], results_dir: Path) -> dict[str, int]:
+    """All these experiments' unfinished cells in one pool of this process (exit code per experiment)."""
+    from repro.harness.batch import run_experiments
 
-
-def pending_cells(exp: str, results_dir: Path) -> int | None:
-    """Cells of the experiment's current grid that are not finished (None: could not tell)."""
-    if cell_counts(results_dir, exp)["finished"] == 0:
-        return -1  # nothing finished: certainly to run, skip the dry run
-    proc = _repro_run(exp, results_dir, "--dry-run")
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(f"{exp}:") and "to run" in line:
-            try:
-                return int(line.rsplit(",", 1)[1].split()[0])
-            except (IndexError, ValueError):
-                break
-    return None
+    return run_experiments(exps, [f"results_dir={results_dir}"])
 
 
 # Experiments with a runner of their own, used while conf/exp/<exp>.yaml does not exist (it
@@ -80,10 +68,18 @@ def _standalone_run(exp: str, results_dir: Path, figures_dir: Path) -> subproces
 
 
 def run_missing(names, results_dir: Path, figures_dir: Path | None = None) -> list[str]:
-    """Run what is missing; returns the problems (experiment: reason)."""
+    """Run what is missing; returns the problems (experiment: reason).
+
+    Every experiment with a conf/exp/<exp>.yaml is planned in this process and all their
+    unfinished cells run in one worker pool (repro.harness.batch: the same cells and files as
+    `python -m repro.run +exp=NAME`, finished ones skipped), so no experiment pays its own
+    start-up and both cores stay busy across experiments."""
     problems = []
+    grid: list[str] = []
     for name in names:
         exp = experiment_of(name)
+        if exp in grid:
+            continue
         t0 = time.perf_counter()
         if not (CONF_EXP / f"{exp}.yaml").is_file():
             if exp in STANDALONE:
@@ -97,15 +93,16 @@ def run_missing(names, results_dir: Path, figures_dir: Path | None = None) -> li
             problems.append(f"{exp}: conf/exp/{exp}.yaml does not exist (experiment not defined yet)")
             log(f"[run] {exp}: no conf/exp/{exp}.yaml — skipped")
             continue
-        todo = pending_cells(exp, results_dir)
-        if todo == 0:
-            log(f"[run] {exp}: complete")
-            continue
-        log(f"[run] {exp}: {'all cells' if todo in (-1, None) else f'{todo} cell(s)'} to run")
-        proc = _repro_run(exp, results_dir)
-        log(f"[run] {exp}: exit {proc.returncode} after {time.perf_counter() - t0:.0f} s wall")
-        if proc.returncode != 0:
-            problems.append(f"{exp}: `python -m repro.run +exp={exp}` exited {proc.returncode}")
+        grid.append(exp)
+    if grid:
+        t0 = time.perf_counter()
+        log(f"[run] {len(grid)} experiment(s) in one pool: {', '.join(grid)}")
+        codes = _run_grid(grid, results_dir)
+        log(f"[run] {len(grid)} experiment(s): done after {time.perf_counter() - t0:.0f} s wall")
+        for exp in grid:
+            if codes.get(exp, 1) != 0:
+                problems.append(f"{exp}: its grid ended with exit code {codes.get(exp, 1)} "
+                                f"(as `python -m repro.run +exp={exp}` would)")
     return problems
 
 

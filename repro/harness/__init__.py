@@ -6,6 +6,7 @@ Entry point: `python -m repro.run +exp=NAME [overrides] [-m] [--dry-run]` (repro
     plan_cells(params, overrides, compose_fn) -> list[Cell] # + compose, sign, validate (ConfigError)
     run_specs(specs, n_jobs) -> list[CellOutcome]           # worker pool (harness.pool), skips fresh cells
     run_cell_spec(spec) -> CellOutcome                      # one cell into results/<exp>/<sig>/
+    batch.run_experiments(exps, overrides) -> {exp: code}   # several grids, one pool (make figures)
 """
 
 from repro.harness import schema as _schema  # noqa: F401  (registers the ConfigStore schema)

@@ -121,10 +121,19 @@ _tracking: dict = {"sweep": False, "off": False, "event": None}
 def begin_sweep(event: Any = None) -> None:
     """A sweep starts (event: a multiprocessing.Event shared by its workers; set = tracking off)."""
     _tracking.update(sweep=True, off=False, event=event)
+    use_workload_memo(True)
 
 
 def end_sweep() -> None:
     _tracking.update(sweep=False, off=False, event=None)
+    use_workload_memo(False)
+
+
+def use_workload_memo(on: bool) -> None:
+    """A sweep builds each distinct workload once per process (repro.workloads.base.use_memo)."""
+    from repro.workloads.base import use_memo
+
+    use_memo(on)
 
 
 def tracking_off() -> bool:

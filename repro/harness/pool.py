@@ -101,20 +101,75 @@ def _died(spec: CellSpec, why: str) -> CellOutcome:
                        error=f"worker process died before finishing this cell ({why}); rerun to resume")
 
 
-def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
-    """Run every spec (n_jobs == 1: in this process); on_done(outcome) once per spec."""
+class Feed:
+    """Specs that arrive while the pool runs (a planner thread puts them, the pool takes them):
+    the workers start before the planning of the later experiments is done."""
+
+    def __init__(self, cost: Callable[[CellSpec], float] | None = None) -> None:
+        self.cost = cost  # the pool hands out the costliest pending spec first (shorter tail)
+        self._lock = threading.Lock()
+        self._items: list[CellSpec] = []
+        self._closed = False
+        self.arrived = threading.Event()
+
+    def put(self, specs: Sequence[CellSpec]) -> None:
+        with self._lock:
+            self._items.extend(specs)
+        self.arrived.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.arrived.set()
+
+    def take(self) -> tuple[list[CellSpec], bool]:
+        """(the specs put since the last take, whether no more will come)."""
+        with self._lock:
+            items, self._items = self._items, []
+            self.arrived.clear()
+            return items, self._closed
+
+
+def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None],
+              feed: Feed | None = None) -> None:
+    """Run every spec, then those `feed` brings until it is closed (n_jobs == 1: in this
+    process); on_done(outcome) once per spec."""
     begin_sweep()
     try:
-        _run_cells(specs, n_jobs, on_done)
+        _run_cells(specs, n_jobs, on_done, feed)
     finally:
         end_sweep()
 
 
-def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None]) -> None:
+FEED_POLL_S = 0.05
+
+
+def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None],
+               feed: Feed | None = None) -> None:
     pending = deque(specs)
     deferred: list[CellSpec] = []
+    open_feed = feed is not None
+
+    def take() -> None:
+        nonlocal open_feed
+        if open_feed:
+            items, closed = feed.take()
+            open_feed = not closed
+            if items:
+                pending.extend(items)
+                if feed.cost is not None:  # stable: equal costs keep their order
+                    ordered = sorted(pending, key=lambda s: -feed.cost(s))
+                    pending.clear()
+                    pending.extend(ordered)
+
     if n_jobs <= 1:
-        while pending or deferred:
+        while True:
+            take()
+            if not (pending or deferred):
+                if not open_feed:
+                    break
+                feed.arrived.wait(POLL_S)
+                continue
             if not pending:
                 time.sleep(POLL_S)
                 pending.extend(s for s in deferred if not _busy_elsewhere(s))
@@ -133,10 +188,13 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
     begin_sweep(tracking_event)
     workers: list[_Worker] = []
     try:
-        n = min(n_jobs, len(specs))
+        n = n_jobs if open_feed else min(n_jobs, len(specs))
         workers = [_Worker(ctx, tracking_event) for _ in range(n)]
         last_poll = time.monotonic()
-        while pending or deferred or any(w.spec is not None for w in workers):
+        while True:
+            take()
+            if not (open_feed or pending or deferred or any(w.spec is not None for w in workers)):
+                break
             for w in workers:
                 if w.spec is None and pending:
                     w.spec = pending.popleft()
@@ -145,8 +203,12 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                     except (BrokenPipeError, OSError):
                         pass  # its death is noticed below
             active = [w for w in workers if w.spec is not None]
-            ready = wait([w.conn for w in active] + [w.proc.sentinel for w in active], timeout=POLL_S) if active \
-                else (time.sleep(POLL_S) or [])
+            poll = FEED_POLL_S if open_feed else POLL_S  # a fed spec waits at most this long for a free worker
+            if active:
+                ready = wait([w.conn for w in active] + [w.proc.sentinel for w in active], timeout=poll)
+            else:
+                ready = []
+                feed.arrived.wait(poll) if open_feed else time.sleep(poll)
             survivors: list[_Worker] = []
             for w in workers:
                 out = None
@@ -175,7 +237,7 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                 free = [s for s in deferred if not _busy_elsewhere(s)]
                 deferred = [s for s in deferred if s not in free]
                 pending.extend(free)
-            need = min(n_jobs, len(pending) + sum(w.spec is not None for w in workers))
+            need = n_jobs if open_feed else min(n_jobs, len(pending) + sum(w.spec is not None for w in workers))
             while len(workers) < need:  # replace workers that died
                 workers.append(_Worker(ctx, tracking_event))
     finally:

@@ -60,6 +60,13 @@ class SweepProgress:
             self._last = now
             print(self.line(), file=self.stream, flush=True)
 
+    def grow(self, n: int) -> None:
+        """n more cells to run (a sweep whose later cells are still being planned)."""
+        self.total += int(n)
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -112,6 +112,63 @@ def check_writable(specs: Sequence[CellSpec]) -> None:
         raise ConfigError("invalid configuration: nothing was run.\n  - " + "\n  - ".join(bad))
 
 
+class _Triage:
+    """Which specs run: fresh finished cells are skipped, a repeated signature runs once."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[int, CellOutcome] = {}
+        self.first_of: dict[tuple[str, str, str], int] = {}
+
+    def add(self, specs: Sequence[CellSpec], states: Sequence[tuple[str, list[str]]]) -> list[CellSpec]:
+        todo: list[CellSpec] = []
+        for spec, (state, why) in zip(specs, states):
+            key = (spec.results_dir, spec.exp_name, spec.signature)
+            if key in self.first_of:
+                continue  # same signature as an earlier cell: filled in by `finish`
+            self.first_of[key] = spec.index
+            if state == "fresh" or (state == "stale" and spec.keep_stale):
+                store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
+                self.outcomes[spec.index] = CellOutcome(
+                    spec.index, spec.signature, "skipped", str(store.dir), summary=store.read_summary(),
+                    extra={"stale": why} if state == "stale" else {},
+                )
+            else:
+                todo.append(spec)
+        return todo
+
+    def finish(self, specs: Sequence[CellSpec]) -> list[CellOutcome]:
+        outcomes = self.outcomes
+        for spec in specs:  # duplicates share the first cell's outcome
+            if spec.index not in outcomes:
+                first = outcomes[self.first_of[(spec.results_dir, spec.exp_name, spec.signature)]]
+                outcomes[spec.index] = CellOutcome(
+                    spec.index,
+                    spec.signature,
+                    first.status if first.status == "failed" else "skipped",
+                    first.dir,
+                    summary=first.summary,
+                    error=first.error,
+                    extra={"same_as_cell": first.index,
+                           **({"stale": first.extra["stale"]} if "stale" in first.extra else {})},
+                )
+        return [outcomes[s.index] for s in specs]
+
+
+class _Done:
+    """The pool's on_done: record the outcome, warn once if W&B failed, advance the bar."""
+
+    def __init__(self, outcomes: dict[int, CellOutcome], bar) -> None:
+        self.outcomes, self.bar, self.warned = outcomes, bar, False
+
+    def __call__(self, out: CellOutcome) -> None:
+        self.outcomes[out.index] = out
+        if out.extra.get("tracking_failed") and not self.warned:
+            self.warned = True
+            print(f"repro.run: warning: W&B tracking failed to start (cell {out.index}); tracking is off for "
+                  f"the rest of this sweep, local results are unaffected", file=sys.stderr, flush=True)
+        self.bar.update(failed=out.status == "failed")
+
+
 def run_specs(
     specs: Sequence[CellSpec],
     n_jobs: int | None = None,
@@ -122,54 +179,61 @@ def run_specs(
     from repro.harness.pool import run_cells
 
     states = list(states) if states is not None else cell_states(specs)
-    outcomes: dict[int, CellOutcome] = {}
-    first_of: dict[tuple[str, str, str], int] = {}
-    todo: list[CellSpec] = []
-    for spec, (state, why) in zip(specs, states):
-        key = (spec.results_dir, spec.exp_name, spec.signature)
-        store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
-        if key in first_of:
-            continue  # same signature as an earlier cell: filled in below
-        first_of[key] = spec.index
-        if state == "fresh" or (state == "stale" and spec.keep_stale):
-            outcomes[spec.index] = CellOutcome(
-                spec.index, spec.signature, "skipped", str(store.dir), summary=store.read_summary(),
-                extra={"stale": why} if state == "stale" else {},
-            )
-        else:
-            todo.append(spec)
-
+    triage = _Triage()
+    todo = triage.add(specs, states)
     n_jobs = usable_cpus() if n_jobs is None else int(n_jobs)
     n_jobs = max(1, min(n_jobs, len(todo)))
     bar = _bar(len(todo), desc)
-    warned = []
-
-    def done(out: CellOutcome) -> None:
-        outcomes[out.index] = out
-        if out.extra.get("tracking_failed") and not warned:
-            warned.append(out.index)
-            print(f"repro.run: warning: W&B tracking failed to start (cell {out.index}); tracking is off for "
-                  f"the rest of this sweep, local results are unaffected", file=sys.stderr, flush=True)
-        bar.update(failed=out.status == "failed")
-
     try:
-        run_cells(todo, n_jobs, done)
+        run_cells(todo, n_jobs, _Done(triage.outcomes, bar))
     finally:
         bar.close()
+    return triage.finish(specs)
 
-    for spec in specs:  # duplicates share the first cell's outcome
-        if spec.index not in outcomes:
-            first = outcomes[first_of[(spec.results_dir, spec.exp_name, spec.signature)]]
-            outcomes[spec.index] = CellOutcome(
-                spec.index,
-                spec.signature,
-                first.status if first.status == "failed" else "skipped",
-                first.dir,
-                summary=first.summary,
-                error=first.error,
-                extra={"same_as_cell": first.index, **({"stale": first.extra["stale"]} if "stale" in first.extra else {})},
-            )
-    return [outcomes[s.index] for s in specs]
+
+def run_fed_specs(
+    plan: Callable[[Callable[[Sequence[CellSpec], Sequence[tuple[str, list[str]]]], None]], None],
+    n_jobs: int | None = None,
+    desc: str = "cells",
+    cost: Callable[[CellSpec], float] | None = None,
+) -> list[CellOutcome]:
+    """run_specs for specs that are still being planned: `plan(submit)` runs in a thread and calls
+    submit(specs, states) once per batch (indices unique over all batches); the workers start
+    at once and take each batch's unfinished cells as it comes, the highest `cost(spec)` first
+    (the order never changes a result). Outcomes in submission order.
+    An exception in `plan` is re-raised here once the cells already submitted are done."""
+    import threading
+
+    from repro.harness.pool import Feed, run_cells
+
+    triage, feed, submitted, failure = _Triage(), Feed(cost), [], []
+    bar = _bar(0, desc)
+
+    def submit(specs: Sequence[CellSpec], states: Sequence[tuple[str, list[str]]]) -> None:
+        todo = triage.add(specs, states)
+        submitted.extend(specs)
+        bar.grow(len(todo))
+        feed.put(todo)
+
+    def planner() -> None:
+        try:
+            plan(submit)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            failure.append(exc)
+        finally:
+            feed.close()
+
+    n_jobs = max(1, usable_cpus() if n_jobs is None else int(n_jobs))
+    thread = threading.Thread(target=planner, name="sweep-planner", daemon=True)
+    thread.start()
+    try:
+        run_cells([], n_jobs, _Done(triage.outcomes, bar), feed)
+    finally:
+        bar.close()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return triage.finish(submitted)
 
 
 def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
@@ -221,6 +285,16 @@ def run_sweep(
     out=None,
 ) -> int:
     """Plan, validate, run and report a whole grid; returns the process exit code."""
+    from repro.harness.cell import use_workload_memo
+
+    use_workload_memo(True)  # validation builds each workload once; in-process cells reuse it
+    try:
+        return _run_sweep(params, overrides, compose_fn, n_jobs=n_jobs, dry_run=dry_run, out=out)
+    finally:
+        use_workload_memo(False)  # the memo lives for one sweep (run_cells' end turns it off too)
+
+
+def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     out = out or sys.stdout
     cells = plan_cells(params, overrides, compose_fn)
     specs = make_specs(cells)

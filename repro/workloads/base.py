@@ -20,6 +20,7 @@ import importlib
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -394,8 +395,55 @@ def resolve_spec(workload_cfg: Mapping) -> WorkloadSpec:
     return cls(**cfg)
 
 
+# Workloads built in this process, by (resolved spec config, data identity, seed), while a sweep
+# has the memo on (repro.harness: its planner and workers): a worker runs many cells on the same
+# workload (policies x one seed), and validation builds the workload a cell then builds again. A
+# Workload is immutable data (frozen requests, read-only arrays); each caller gets its own list and
+# provenance. Off by default, so that a plain build_workload call always consults the disk cache.
+# Bounded by the requests held (least recently used dropped).
+MEMO_MAX_REQUESTS = 32768
+_memo: dict[str, Workload] = {}
+_memo_state = {"on": False}
+_memo_lock = threading.Lock()
+
+
+def use_memo(on: bool = True) -> None:
+    """Turn the in-process workload memo on or off (off also empties it)."""
+    with _memo_lock:
+        _memo_state["on"] = bool(on)
+        if not on:
+            _memo.clear()
+
+
+def _memo_key(spec: WorkloadSpec, seed: int) -> str:
+    import json
+
+    data = spec.resolve_data().key()  # a data file changed on disk is another workload
+    return json.dumps([type(spec).__module__, type(spec).__qualname__, spec.cfg, data, seed],
+                      sort_keys=True, default=str)
+
+
 def build_workload(workload_cfg: Mapping, seed: int, *, use_cache: bool = True) -> Workload:
-    """Build (or load from the disk cache) the workload a config node describes."""
+    """Build (or load from the disk cache) the workload a config node describes (memoised per process)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise WorkloadConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    return resolve_spec(workload_cfg).build(int(seed), use_cache=use_cache)
+    spec = resolve_spec(workload_cfg)
+    if not (_memo_state["on"] and use_cache):
+        return spec.build(int(seed), use_cache=use_cache)
+    key = _memo_key(spec, int(seed))
+    with _memo_lock:
+        wl = _memo.get(key)
+        if wl is not None:
+            _memo[key] = _memo.pop(key)  # most recently used last
+    if wl is None:
+        wl = spec.build(int(seed), use_cache=use_cache)
+        if len(wl.requests) <= MEMO_MAX_REQUESTS // 2:
+            with _memo_lock:
+                _memo[key] = wl
+                while sum(len(w.requests) for w in _memo.values()) > MEMO_MAX_REQUESTS:
+                    del _memo[next(iter(_memo))]
+        hit = wl.cache_hit
+    else:
+        hit = True  # not built again
+    return Workload(wl.name, list(wl.requests), copy.deepcopy(wl.provenance), cache_hit=hit,
+                    cache_file=wl.cache_file)

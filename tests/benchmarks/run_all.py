@@ -32,6 +32,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),
     "workloads": ("bench_workloads.py", ["--repeat", "1"], "workload build vs cached load"),
     "tokenizer": ("bench_tokenizer.py", ["--limit", "20000"], "ShareGPT through Llama-3: encode_batch vs one by one"),
+    "figures": ("bench_figures.py", ["--paper-only"],
+                "`make figures` from scratch (issue 20: paper <= 60 s on 2 cores; beyond the paper <= 120 s more)"),
 }
 
 

@@ -1,0 +1,78 @@
+"""The whole paper from scratch: `python -m repro.figures --run-missing` into empty temp dirs
+(results, figures, workload cache), default tracking, timed until every file is written.
+
+Two lines, as issue 20 asks: the paper's experiments (target <= 60 s on 2 cores) and the ones
+beyond the paper (rule comparison, regime map, Mooncake replay: <= 120 s more), each a separate
+from-scratch build (the second one reuses nothing of the first). The machine's load average is
+printed beside each time: on a shared machine it is the first thing to look at.
+
+    python tests/benchmarks/bench_figures.py [--paper-only] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BEYOND = ["fig2_router_rules", "regime_map", "mooncake_replay"]
+
+
+def artefacts() -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from repro.figures import ARTEFACTS
+
+    return list(ARTEFACTS)
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def build(names: list[str], work: Path) -> tuple[float, int]:
+    for d in ("results", "figures", "cache"):
+        shutil.rmtree(work / d, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REPRO_CACHE_DIR": str(work / "cache" / "workloads")}
+    cmd = [sys.executable, "-m", "repro.figures", *names, "--run-missing", "--results-dir", str(work / "results"),
+           "--figures-dir", str(work / "figures"), "--reproduce-md", str(work / "REPRODUCE.md")]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    return wall, proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--paper-only", action="store_true", help="only the paper's experiments")
+    ap.add_argument("--keep", type=Path, default=None, help="build here and keep it (default: a temp dir)")
+    a = ap.parse_args(argv)
+    every = artefacts()
+    groups = [("paper", [n for n in every if n not in BEYOND], 60.0)]
+    if not a.paper_only:
+        groups.append(("beyond the paper", [n for n in every if n in BEYOND], 120.0))
+    work = a.keep or Path(tempfile.mkdtemp(prefix="bench_figures_"))
+    rc = 0
+    print(f"{'build from scratch':<20} {'wall s':>8} {'target s':>9} {'ratio':>6}  load before -> after (1, 5, 15 min)")
+    try:
+        for label, names, target in groups:
+            before = load()
+            wall, code = build(names, work / label.replace(" ", "_"))
+            rc |= code
+            print(f"{label:<20} {wall:8.1f} {target:9.0f} {wall / target:6.2f}  {before} -> {load()}"
+                  f"{'' if code == 0 else f'  (exit {code})'}", flush=True)
+    finally:
+        if a.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
