@@ -84,3 +84,14 @@ def tiny_spec(results: Path, *overrides: str, exp: str = "tiny"):
         results_dir=str(results),
         exp_name=cfg["exp_name"],
     )
+
+
+def reference_tiny_grid(tmp_path_factory) -> dict[str, bytes]:
+    """The tiny grid run in-process on one core, W&B off: the bytes every other run form must reproduce."""
+    results = tmp_path_factory.mktemp("reference")
+    mp = pytest.MonkeyPatch()
+    try:
+        assert run_inprocess(results, "+exp=tiny", "tracking=disabled", "n_jobs=1", monkeypatch=mp) == 0
+    finally:
+        mp.undo()
+    return cell_files(results)

@@ -9,20 +9,14 @@ import io
 import pytest
 
 from repro.harness.batch import cell_cost, run_experiments
-from tests.harness.helpers import FIXTURE_CONF, cell_files, run_inprocess
+from tests.harness.helpers import FIXTURE_CONF, cell_files, reference_tiny_grid, run_inprocess
 
 NO_WANDB = "tracking=disabled"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, bytes]:
-    results = tmp_path_factory.mktemp("reference")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert run_inprocess(results, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=mp) == 0
-    finally:
-        mp.undo()
-    return cell_files(results)
+    return reference_tiny_grid(tmp_path_factory)
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])

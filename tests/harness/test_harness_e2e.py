@@ -11,21 +11,14 @@ import pandas as pd
 import pytest
 
 from repro.backends.base import RECORD_COLUMNS
-from tests.harness.helpers import cell_files, run_inprocess, run_subprocess
+from tests.harness.helpers import cell_files, reference_tiny_grid, run_inprocess, run_subprocess
 
 NO_WANDB = "tracking=disabled"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, bytes]:
-    """The tiny grid run in-process on one core: the bytes every other form must reproduce."""
-    results = tmp_path_factory.mktemp("reference")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert run_inprocess(results, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=mp) == 0
-    finally:
-        mp.undo()
-    files = cell_files(results)
+    files = reference_tiny_grid(tmp_path_factory)
     assert len(files) == 8  # 4 cells x (summary.json, requests.parquet)
     return files
 
