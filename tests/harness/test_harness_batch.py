@@ -9,7 +9,7 @@ import io
 import pytest
 
 from repro.harness.batch import cell_cost, run_experiments
-from tests.harness.helpers import FIXTURE_CONF, cell_files, reference_tiny_grid, run_inprocess
+from tests.harness.helpers import FIXTURE_CONF, cell_files, reference_tiny_grid
 
 NO_WANDB = "tracking=disabled"
 
