@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ def _submit(tmp_path: Path, name: str, overrides: list[str]) -> str:
         "#!/bin/bash\n"
         f"cd {REPO}\n"
         f"export REPRO_RESULTS_DIR={tmp_path / 'results'} WANDB_MODE=offline PYTHONPATH={REPO}\n"
-        f"exec {sys.executable} -m repro.run " + " ".join(overrides) + "\n"
+        f"exec {sys.executable} -m repro.run " + " ".join(map(shlex.quote, overrides)) + "\n"  # no brace expansion
     )
     script.chmod(0o755)
     out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--gpus-per-node=5", "--time=5",
