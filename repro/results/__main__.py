@@ -8,7 +8,8 @@
       (B: the repository's results/), as `metric: old -> new`. Cells whose signature changed (a new
       config key or default) are paired by the settings that vary within their experiment (policy,
       rate, seed, ...) where that pairing is one to one; the rest are counted as found in one
-      folder only. Exit 1 if any metric differs.
+      folder only. Cells whose requests.sha256 differs are listed too (`requests.parquet: a -> b`).
+      Exit 1 if any metric or record differs.
   verify [--results-dir results] [--cells N | --all] [--seed S] [EXP ...]
       rerun N random finished cells of every experiment (default 1) from scratch in a temporary
       folder and require byte-identical summary.json, the same requests.sha256 (the hash of
@@ -111,6 +112,11 @@ def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[st
     return pairs
 
 
+def _records_sha(cell: Path) -> str | None:
+    f = cell / "requests.sha256"
+    return f.read_text().split()[0] if f.exists() else None
+
+
 def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str, int]]:
     lines: list[str] = []
     counts = {"compared": 0, "differ": 0, "only_a": 0, "only_b": 0, "by_settings": 0}
@@ -127,6 +133,10 @@ def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str
             counts["compared"] += 1
             ma, mb = _metrics(json.loads(sa[sig_a].read_text())), _metrics(json.loads(sb[sig_b].read_text()))
             changed = [k for k in sorted(set(ma) | set(mb)) if not _same(ma.get(k), mb.get(k))]
+            ra, rb = _records_sha(sa[sig_a].parent), _records_sha(sb[sig_b].parent)
+            if ra and rb and ra != rb:  # the per-request records moved (a cell without them is not compared)
+                changed.append("requests.parquet")
+                ma["requests.parquet"], mb["requests.parquet"] = ra[:12], rb[:12]
             if changed:
                 counts["differ"] += 1
                 shown = ", ".join(f"{k}: {ma.get(k)!r} -> {mb.get(k)!r}" for k in changed[:6])
