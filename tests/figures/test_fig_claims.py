@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fig_fixture import REPRODUCE_TEMPLATE, set_metric
 
-from repro.figures import claims
+from repro.figures import claims, claims_why
 from repro.figures.__main__ import main
 from repro.figures.claims import NO_DATA, NOT, PARTLY, REPRODUCED, numeric, pct, times
 
@@ -101,7 +101,7 @@ def test_mean_of_per_benchmark_ratios_not_ratio_of_means():
 
 
 def test_why_column_is_keyed_by_verdict(fixture_results, monkeypatch):
-    monkeypatch.setattr(claims, "WHY", {"tab2.ca_rlt_latency": {PARTLY: "because of X"},
+    monkeypatch.setattr(claims_why, "WHY", {"tab2.ca_rlt_latency": {PARTLY: "because of X"},
                                         "tab2.lbgr_rlt_ttft": {NOT: "written for another verdict"}})
     t = claims.evaluate(fixture_results).set_index("id")
     assert t.loc["tab2.ca_rlt_latency", "why"] == "because of X"
@@ -150,7 +150,7 @@ def test_theory_claims_follow_the_numbers(results_copy):
 
 
 def test_cited_notes_are_listed_under_the_table(fixture_results, monkeypatch):
-    monkeypatch.setattr(claims, "NOTES", {"a": "note a cites [b]", "b": "note b", "c": "unused"})
-    monkeypatch.setattr(claims, "WHY", {"tab2.ca_rlt_latency": {PARTLY: "see [a]"}})
+    monkeypatch.setattr(claims_why, "NOTES", {"a": "note a cites [b]", "b": "note b", "c": "unused"})
+    monkeypatch.setattr(claims_why, "WHY", {"tab2.ca_rlt_latency": {PARTLY: "see [a]"}})
     md = claims.to_markdown(claims.evaluate(fixture_results))
     assert "- **[a]** note a cites [b]" in md and "- **[b]** note b" in md and "unused" not in md

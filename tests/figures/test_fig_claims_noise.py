@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fig_fixture import set_metric
 
-from repro.figures import claims
+from repro.figures import claims, claims_why
 from repro.figures.claims import LOSS, NOT, PARTLY, REPRODUCED, TIE, WIN, Why
 
 
@@ -72,7 +72,7 @@ def test_why_texts_go_stale_when_the_numbers_change(results_copy, monkeypatch, t
     cid = "tab2.ca_rlt_latency"
     t = claims.evaluate(results_copy).set_index("id")
     v, stamp = t.loc[cid, "verdict"], t.loc[cid, "stamp"]
-    monkeypatch.setattr(claims, "WHY", {cid: {v: Why("because of X", stamp)}})
+    monkeypatch.setattr(claims_why, "WHY", {cid: {v: Why("because of X", stamp)}})
     assert claims.evaluate(results_copy).set_index("id").loc[cid, "why"] == "because of X"
     assert cid not in [e["id"] for e in claims.stale_entries(claims.evaluate(results_copy))]
     set_metric(results_copy, "tab2_ablation", "CacheAware+RLT", "latency_p50_s", 1.05)  # same verdict, new numbers
