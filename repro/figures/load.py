@@ -58,9 +58,12 @@ class ResultsError(RuntimeError):
     """results/ cannot give a figure what it needs (missing, stale or ambiguous cells)."""
 
 
-def _plain(v):
+def _hashable(v):
+    """A cell value as a DataFrame cell that can be grouped and compared: lists -> tuples,
+    dicts -> canonical JSON. Not repro.confutil.to_plain (OmegaConf nodes -> containers): the
+    values here come from json / yaml.load, never OmegaConf, and must stop being containers."""
     if isinstance(v, list):
-        return tuple(_plain(x) for x in v)
+        return tuple(_hashable(x) for x in v)
     if isinstance(v, dict):
         return json.dumps(v, sort_keys=True)
     return v
@@ -78,7 +81,7 @@ def flatten(obj: dict, prefix: str = "") -> dict:
             if isinstance(v, dict) and v:
                 stack.append((f"{pre}{k}.", v))
             else:
-                out[f"{pre}{k}"] = None if isinstance(v, dict) else _plain(v)
+                out[f"{pre}{k}"] = None if isinstance(v, dict) else _hashable(v)
     return dict(sorted(out.items()))
 
 
@@ -163,10 +166,10 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
             if k == "provenance":
                 continue
             if k in row:  # theory cells repeat their parameters in the summary: fine if equal
-                if _key(row[k]) != _key(_plain(v)):
+                if _key(row[k]) != _key(_hashable(v)):
                     raise ResultsError(f"{summary_path}: summary {k}={v!r} contradicts config.yaml ({row[k]!r})")
                 continue
-            row[k] = _plain(v)
+            row[k] = _hashable(v)
             summary_cols.add(k)
         row.update(flatten(summary.get("provenance") or {}, "prov."))
         row.update(flatten(timings, "timings."))
