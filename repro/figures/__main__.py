@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from repro.figures import ARTEFACTS, ArtefactUnavailable, artefact, experiment_of
-from repro.figures.load import ResultsError, cell_counts, memoized_loads
+from repro.figures.load import ResultsError, memoized_loads
 
 CONF_EXP = Path(__file__).resolve().parent.parent.parent / "conf" / "exp"
 
@@ -57,17 +56,7 @@ def _run_grid(exps: list[str], results_dir: Path) -> dict[str, int]:
     return run_experiments(exps, [f"results_dir={results_dir}"])
 
 
-# Experiments with a runner of their own, used while conf/exp/<exp>.yaml does not exist (it
-# skips finished cells itself, like the harness).
-STANDALONE = {"thm_competitive_ratio": "repro.theory.competitive_ratio"}
-
-
-def _standalone_run(exp: str, results_dir: Path, figures_dir: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", STANDALONE[exp], "--results-dir", str(results_dir), "--figures-dir", str(figures_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def run_missing(names, results_dir: Path, figures_dir: Path | None = None) -> list[str]:
+def run_missing(names, results_dir: Path) -> list[str]:
     """Run what is missing; returns the problems (experiment: reason).
 
     Every experiment with a conf/exp/<exp>.yaml is planned in this process and all their
@@ -80,16 +69,7 @@ def run_missing(names, results_dir: Path, figures_dir: Path | None = None) -> li
         exp = experiment_of(name)
         if exp in grid:
             continue
-        t0 = time.perf_counter()
         if not (CONF_EXP / f"{exp}.yaml").is_file():
-            if exp in STANDALONE:
-                log(f"[run] {exp}: no conf/exp/{exp}.yaml, running `python -m {STANDALONE[exp]}`")
-                proc = _standalone_run(exp, results_dir, figures_dir or Path("figures"))
-                log(f"[run] {exp}: exit {proc.returncode} after {time.perf_counter() - t0:.0f} s wall")
-                if proc.returncode != 0:
-                    problems.append(f"{exp}: `python -m {STANDALONE[exp]}` exited {proc.returncode}: "
-                                    f"{proc.stderr.strip().splitlines()[-1:] or ''}")
-                continue
             problems.append(f"{exp}: conf/exp/{exp}.yaml does not exist (experiment not defined yet)")
             log(f"[run] {exp}: no conf/exp/{exp}.yaml — skipped")
             continue
@@ -217,7 +197,7 @@ def main(argv=None) -> int:
         with memoized_loads():
             return check(results_dir, figures_dir, reproduce_md or repo / "REPRODUCE.md")
     t0 = time.perf_counter()
-    problems = run_missing(names, results_dir, figures_dir) if a.run_missing else []
+    problems = run_missing(names, results_dir) if a.run_missing else []
     t_run = time.perf_counter() - t0
     with memoized_loads():  # results/ does not change from here on
         problems += render(names, results_dir, figures_dir)

@@ -46,7 +46,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     import matplotlib
     import matplotlib.ticker
 
-    from repro.figures._style import apply_style, plt, save_figure
+    from repro.figures.style import apply_style, plt, save_figure
 
     df = load(results_dir)
     if df.empty:

@@ -1,7 +1,7 @@
 """Competitive-ratio experiments (paper App. C): lower-bound constructions, random traces, per-cell runner.
 
 `run_theory_cell(params) -> dict` runs one cell (see repro.theory.experiment);
-`python -m repro.theory.competitive_ratio` runs the grid and renders the figure.
+`python -m repro.theory.competitive_ratio` runs the grid (`python -m repro.figures` renders it).
 """
 
 from repro.theory.constructions import (

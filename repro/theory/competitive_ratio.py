@@ -1,6 +1,6 @@
-"""The competitive-ratio experiment: grid of theory cells -> results/ -> figures/thm_competitive_ratio.
+"""The competitive-ratio experiment: grid of theory cells -> results/thm_competitive_ratio/.
 
-    python -m repro.theory.competitive_ratio [--results-dir results] [--figures-dir figures] [--quick]
+    python -m repro.theory.competitive_ratio [--results-dir results] [--quick]
 
 Grid: x = 4, 8, ..., 1024 (log-spaced) for L-LRU, RLT and OPT on the Theorem 4 construction
 (x = B - L + 1, L = 8) and the Theorem 5 construction (x = B - L - beta + 2, L = 2, beta = 4,
@@ -8,7 +8,8 @@ which keeps the paper's assumption beta * L <= B down to x = 4); token granulari
 replayer's single-worker model. Each cell is stored through repro.results.CellStore under
 results/thm_competitive_ratio/<run_signature(params)>/ (config.yaml, timings.json, then
 summary.json last); finished cells are skipped on rerun. `--quick` runs a 3-point grid with
-few phases and seeds (seconds; for tests). The figure is rendered from results/ only.
+few phases and seeds (seconds; for tests). The figure is rendered from results/ only, by the
+layer above: `python -m repro.figures thm_competitive_ratio` (theory never imports figures).
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ def run_cell_stored(params: dict, results_dir: str) -> tuple[dict, bool]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.theory.competitive_ratio", description=__doc__.split("\n\n")[0])
     ap.add_argument("--results-dir", default="results")
-    ap.add_argument("--figures-dir", default="figures")
     ap.add_argument("--quick", action="store_true", help="3-point grid, few phases/seeds (seconds)")
     args = ap.parse_args(argv)
     cells = grid(args.quick)
@@ -97,10 +97,7 @@ def main(argv=None) -> int:
               f"{s['harmonic']:>7.3f}{'' if did else '  (cached)'}")
     cpu = time.process_time() - c0
     print(f"{ran} cells run, {len(cells) - ran} skipped as finished; CPU {cpu:.1f} s, wall {time.perf_counter() - t0:.1f} s")
-    from repro.figures.thm_competitive_ratio import render
-
-    for p in render(args.results_dir, args.figures_dir):
-        print(f"wrote {p}")
+    print(f"render the figure: python -m repro.figures thm_competitive_ratio --results-dir {args.results_dir}")
     return 0
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import repro.figures.__main__ as cli
 
 
@@ -29,13 +27,15 @@ def test_run_missing_runs_every_defined_experiment_in_one_grid(results_copy, tmp
         return {e: 0 for e in exps}
 
     monkeypatch.setattr(cli, "_run_grid", fake_grid)
-    monkeypatch.setattr(cli, "_standalone_run", lambda exp, r, f: calls.append((exp, "standalone")) or
-                        subprocess.CompletedProcess([], 0, stdout="", stderr=""))
-    problems = cli.run_missing(["fig4_order", "fig5_request_rate", "fig6_workers", "thm_competitive_ratio"],
-                               results_copy)
+    problems = cli.run_missing(["fig4_order", "fig5_request_rate", "fig6_workers"], results_copy)
     # one grid for both defined experiments (the harness skips their finished cells itself)
-    assert calls == [("thm_competitive_ratio", "standalone"), (["fig4_order", "fig5_request_rate"], results_copy)]
+    assert calls == [(["fig4_order", "fig5_request_rate"], results_copy)]
     assert problems == ["fig6_workers: conf/exp/fig6_workers.yaml does not exist (experiment not defined yet)"]
+
+
+def test_the_theory_experiment_runs_through_its_conf_exp_file():
+    """thm_competitive_ratio is planned like every experiment (no runner of its own)."""
+    assert (cli.CONF_EXP / "thm_competitive_ratio.yaml").is_file()
 
 
 def test_run_missing_reports_a_failed_experiment(results_copy, tmp_path, monkeypatch):

@@ -103,28 +103,3 @@ def test_random_cell_runs_and_is_deterministic():
     a, b = run_theory_cell(p), run_theory_cell(p)
     a.pop("timings"), b.pop("timings")
     assert a == b and json.dumps(a)
-
-
-def test_quick_cli_stores_cells_skips_finished_and_renders(tmp_path, capsys):
-    from repro.theory.competitive_ratio import main
-
-    res, fig = tmp_path / "results", tmp_path / "figures"
-    assert main(["--quick", "--results-dir", str(res), "--figures-dir", str(fig)]) == 0
-    out = capsys.readouterr().out
-    cells = sorted((res / "thm_competitive_ratio").iterdir())
-    assert len(cells) == 18 and "18 cells run" in out
-    for d in cells:
-        assert {p.name for p in d.iterdir()} == {"config.yaml", "timings.json", "summary.json"}
-        s = json.loads((d / "summary.json").read_text())
-        if s["policy"] == "lru":
-            assert s["misses_per_phase"] == s["x"]
-        if s["policy"] == "opt":
-            assert s["misses_per_phase"] == 1
-        assert "wall_s" not in s and "timings" not in s  # wall clock lives in timings.json only
-    png, pdf = fig / "thm_competitive_ratio.png", fig / "thm_competitive_ratio.pdf"
-    first = (png.read_bytes(), pdf.read_bytes())
-    mtimes = {d.name: (d / "summary.json").stat().st_mtime_ns for d in cells}
-    assert main(["--quick", "--results-dir", str(res), "--figures-dir", str(fig)]) == 0
-    assert "0 cells run, 18 skipped" in capsys.readouterr().out
-    assert mtimes == {d.name: (d / "summary.json").stat().st_mtime_ns for d in cells}
-    assert (png.read_bytes(), pdf.read_bytes()) == first  # deterministic rendering
