@@ -22,20 +22,20 @@ from repro.results import atomic_write_bytes, atomic_write_text  # noqa: E402
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
 
-# The paper's six systems, in the paper's order: three baselines, then ours.
-BASELINES = ("Random+LRU", "RoundRobin+LRU", "CacheAware+LRU")
-OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
-PAPER_SYSTEMS = BASELINES + OURS
-
-# Fixed colours per system (seaborn "colorblind"), so a system looks the same in every figure.
-_PALETTE = (
-    "#949494",  # Random+LRU        grey
-    "#ca9161",  # RoundRobin+LRU    brown
-    "#d55e00",  # CacheAware+LRU    vermillion (the state of the art)
-    "#cc78bc",  # CacheAware+RLT    pink
-    "#029e73",  # LBGR+LRU          green
-    "#0173b2",  # LBGR+RLT          blue
-)
+# The paper's six systems (their policy_name in results/) in the paper's order, three baselines
+# then ours, each with a fixed colour (seaborn "colorblind") so a system looks the same in every
+# figure. The one list of them in repro/figures: the order and the baseline / ours split follow.
+SYSTEM_COLORS = {
+    "Random+LRU": "#949494",  # grey
+    "RoundRobin+LRU": "#ca9161",  # brown
+    "CacheAware+LRU": "#d55e00",  # vermillion (the state of the art)
+    "CacheAware+RLT": "#cc78bc",  # pink
+    "LBGR+LRU": "#029e73",  # green
+    "LBGR+RLT": "#0173b2",  # blue
+}
+PAPER_SYSTEMS = tuple(SYSTEM_COLORS)
+BASELINES, OURS = PAPER_SYSTEMS[:3], PAPER_SYSTEMS[3:]
+# Colours of systems beyond the paper's six (Dynamo, llm-d, ...), in system_order.
 _EXTRA = ("#de8f05", "#fbafe4", "#56b4e9", "#ece133", "#000000")
 
 METRIC_LABELS = {
@@ -78,7 +78,7 @@ def system_order(systems) -> list[str]:
 
 
 def system_colors(systems) -> dict[str, str]:
-    colors = dict(zip(PAPER_SYSTEMS, _PALETTE))
+    colors = dict(SYSTEM_COLORS)
     extras = [s for s in system_order(systems) if s not in colors]
     for i, s in enumerate(extras):
         colors[s] = _EXTRA[i % len(_EXTRA)]
