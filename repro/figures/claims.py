@@ -55,7 +55,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from repro.figures import claims_why
+from repro.figures import claims_why  # its WHY / NOTES are read at call time (tests replace them)
 from repro.figures.claims_catalogue import CLAIMS, Claim, load_catalogue
 from repro.figures.claims_evidence import NO_DATA_ERRORS, Results
 from repro.figures.claims_rules import RULES, mean_ratio

@@ -40,8 +40,7 @@ class Claim:
     statement: str
     paper: str
     evaluate: Callable[[Results], Finding]
-    rule: str = ""
-    params: tuple = ()  # the catalogue's rule parameters, as (key, value) pairs
+    rule: str = ""  # the claims_rules.RULES name it was built from
 
 
 _NUMBER = re.compile(r"^([+−-]?)(\d+(?:\.\d+)?)\s*(×|%|ms)$")
@@ -119,7 +118,7 @@ def make_claim(entry: dict, artefacts=None) -> Claim:
     except ValueError as exc:
         raise CatalogueError(f"{CATALOGUE_FILE.name}: claim {cid}: {exc}") from None
     return Claim(str(entry["id"]), str(entry["artefact"]), str(entry["statement"]), str(entry["paper"]), evaluate,
-                 rule, tuple(params.items()))
+                 rule)
 
 
 def load_catalogue(path: Path = CATALOGUE_FILE) -> tuple[Claim, ...]:
