@@ -33,7 +33,6 @@ class ServiceTime:
         for c, (_, _, idx) in enumerate(self.classes):
             for i in idx:
                 self.class_of[i] = c
-        self.single = len(self.classes) == 1
         self._memo: dict[tuple, float] = {}
 
     def decode_batch(self, worker: int, prompt_len: int, out_len: float) -> int:
