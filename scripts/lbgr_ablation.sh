@@ -8,7 +8,7 @@
 set -euo pipefail
 SET=${1:-tuning}
 L="policy=lbgr_lru"
-exec ${PYTHON:-python3} -m repro.routing.lbgr_diagnostics sweep "$SET" --cache-dir "${CACHE:-.cache/lbgr_sweep}" --n-jobs "${N_JOBS:-2}" \
+exec ${PYTHON:-python3} -m repro.analysis.lbgr_diagnostics sweep "$SET" --cache-dir "${CACHE:-.cache/lbgr_sweep}" --n-jobs "${N_JOBS:-2}" \
   --variant "final=$L" \
   --variant "first=$L router.tracker_update=dispatch router.service_model=batch1 router.rls_regularization=0 router.min_load_weight=null" \
   --variant "tracker_update:dispatch=$L router.tracker_update=dispatch" \

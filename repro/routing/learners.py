@@ -261,3 +261,35 @@ class SGDLearner:
         theta += self.lr * (y - theta @ phi) * phi
         self.theta_rows[worker] = theta.tolist()
         self.version += 1
+
+
+LEARNERS = ("rls", "sgd", "none")
+
+
+def make_learner(
+    kind: str,
+    num_workers: int,
+    dim: int,
+    *,
+    forgetting_factor: float,
+    rls_regularization: float,
+    rls_pooled: bool,
+    rls_pool_regularization: float,
+    rls_init_var: float,
+    rls_max_trace: float,
+    sgd_learning_rate: float,
+):
+    """LBGR's residual learner from its config keys (docs/ALGORITHMS.md §3): "rls" with
+    rls_regularization > 0 -> RidgeRLSLearner (pooled prior), = 0 -> plain RLSLearner; "sgd";
+    "none" -> None (no residual)."""
+    if kind == "rls" and rls_regularization > 0:
+        return RidgeRLSLearner(
+            num_workers, dim, forgetting_factor, rls_regularization, rls_pooled, rls_pool_regularization
+        )
+    if kind == "rls":
+        return RLSLearner(num_workers, dim, forgetting_factor, rls_init_var, rls_max_trace)
+    if kind == "sgd":
+        return SGDLearner(num_workers, dim, sgd_learning_rate)
+    if kind == "none":
+        return None
+    raise ValueError(f"learner must be one of {list(LEARNERS)}, got {kind!r}")

@@ -1,7 +1,7 @@
 """LBGR's approximate cache tracker: per-worker eviction state, one shared prefix index for lookups.
 
-What the tracker answers (repro/routing/lbgr.py, "tracker"): for a prompt key and EVERY worker i,
-h_i = the longest prefix of the key in C_i (worker i's tracked cache: a RadixCache of the
+What the tracker answers (docs/ALGORITHMS.md §3, LBGR "Tracker"): for a prompt key and EVERY
+worker i, h_i = the longest prefix of the key in C_i (worker i's tracked cache: a RadixCache of the
 worker's capacity and eviction policy) or in I_i (the prompts in flight on worker i).
 Both sets are prefix-closed, so h_i = the longest prefix of the key in C_i u I_i.
 

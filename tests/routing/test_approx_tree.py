@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.routing.approx_tree import ApproximateTree, common_prefix_units
-from repro.routing.base import token_key
+from repro.kvcache import as_key as token_bytes
 
 
 class ReferenceTree:
@@ -50,7 +50,7 @@ class ReferenceTree:
 def as_key(s: str, unit: int):
     if unit == 1:
         return s
-    return token_key(np.array([ord(c) for c in s], dtype=np.int32))
+    return token_bytes(np.array([ord(c) for c in s], dtype=np.int32))
 
 
 strings = st.text(alphabet="abcé", max_size=8)
@@ -98,8 +98,8 @@ def test_eviction_keeps_sizes_consistent_and_within_budget(ops, max_units):
 
 
 def test_common_prefix_units_whole_tokens():
-    a = token_key(np.array([1, 2, 3, 4], dtype=np.int32))
-    b = token_key(np.array([1, 2, 3 + 256, 4], dtype=np.int32))  # differs in the 2nd byte of token 3
+    a = token_bytes(np.array([1, 2, 3, 4], dtype=np.int32))
+    b = token_bytes(np.array([1, 2, 3 + 256, 4], dtype=np.int32))  # differs in the 2nd byte of token 3
     assert common_prefix_units(a, b, 0, 4) == 8
     assert common_prefix_units("abcdef", "xxabcxyz", 2, 1) == 3
     assert common_prefix_units("abc", "xxabc", 2, 1) == 3

@@ -88,7 +88,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repro.backends.sglang import protocol
-from repro.routing.lbgr import tracker_access
+from repro.routing.trackers import tracker_access
 from repro.workloads.request import Request
 
 log = logging.getLogger("repro.router_service")

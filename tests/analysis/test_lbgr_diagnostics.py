@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repro.routing.lbgr_diagnostics import compose_cell, run_instrumented, summarise_decisions
+from repro.analysis.cells import compose_cell
+from repro.analysis.decisions import run_instrumented, summarise_decisions
 
 SMALL = [
     "workload.num_queries=96",

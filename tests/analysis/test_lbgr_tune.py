@@ -1,4 +1,4 @@
-"""The LBGR tuning protocol (`lbgr_diagnostics tune`): tuning seeds only, prediction error as the
+"""The LBGR tuning protocol (`python -m repro.analysis.lbgr_diagnostics tune`): tuning seeds only, prediction error as the
 objective, the ratio to the baseline reported, bad input refused before anything runs."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.routing import lbgr_diagnostics as L
-from tests.routing.test_lbgr_diagnostics import SMALL
+from repro.analysis import lbgr_sweep as S
+from repro.analysis import lbgr_tune as L
+from repro.analysis.lbgr_diagnostics import main
+from tests.analysis.test_lbgr_diagnostics import SMALL
 
 
 def test_tuning_cells_span_the_papers_conditions():
@@ -19,7 +21,7 @@ def test_tuning_cells_span_the_papers_conditions():
     assert any("${limited_kv_cache_tokens" in c[1] for c in L.TUNE_CELLS)  # the limited budgets themselves
     assert set(L.QUICK_CELLS) <= set(L.TUNE_CELLS)
     # never a figure's cell: the evaluation set uses seeds 0-2, tuning 100-102
-    assert not set(L.TUNING_SEEDS) & set(L.EVALUATION_SEEDS)
+    assert not set(S.TUNING_SEEDS) & set(S.EVALUATION_SEEDS)
 
 
 def test_evaluation_seeds_are_refused(tmp_path):
@@ -71,7 +73,7 @@ def test_tune_end_to_end_on_a_small_cell(tmp_path):
 
 def test_cli_refuses_an_unknown_parameter_before_running(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        L.main(["tune", "--param", "router.no_such_key=1,2", "--quick", "--cache-dir", str(tmp_path)])
+        main(["tune", "--param", "router.no_such_key=1,2", "--quick", "--cache-dir", str(tmp_path)])
     assert exc.value.code == 2
     assert "not a key" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
