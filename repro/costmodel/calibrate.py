@@ -52,6 +52,7 @@ import numpy as np
 import yaml
 
 from repro.costmodel.model import StepCostModel
+from repro.fileio import write_atomic
 from repro.costmodel.specs import (
     Coefficients,
     CostModelConfigError,
@@ -421,13 +422,11 @@ def coefficient_block(report: ModelReport, profile: Profile, command: str, today
 
 
 def write_coefficients(path: Path, block: str) -> None:
-    from repro.results.store import atomic_write_text
-
     text = path.read_text()
     head = text.split(COEF_MARKER)[0].rstrip("\n")
     if "\ncost_model:" in "\n" + head:
         raise SystemExit(f"calibrate: {path} has a hand-written 'cost_model:' above the marker; remove it first")
-    atomic_write_text(path, head + "\n\n" + block)
+    write_atomic(path, head + "\n\n" + block)
 
 
 def _display_path(path: Path) -> str:

@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from repro.results import atomic_write_bytes, atomic_write_json
+from repro.fileio import write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     digest = h.hexdigest()
     memo[memo_key] = digest
     try:
-        atomic_write_json(memo_path, memo)
+        write_json_atomic(memo_path, memo)
     except OSError as exc:  # a read-only cache dir only costs speed
         log.warning("could not write checksum memo %s: %s", memo_path, exc)
     return digest
@@ -103,4 +103,4 @@ def read_payload(path: Path) -> bytes | None:
 
 
 def write_payload(path: Path, payload: bytes) -> None:
-    atomic_write_bytes(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+    write_atomic(path, MAGIC + hashlib.sha256(payload).digest() + payload)
