@@ -1,4 +1,5 @@
-"""Atomic file writes, shared by every layer (results, workload cache, cost-model calibration, tracking).
+"""Atomic file writes and content digests, shared by every layer (results, workload cache, cost-model
+calibration, tracking).
 
 A file is written to a temp file in the same directory and renamed over the target, so a killed
 process leaves either the old file or the new one, never half a file. By default the temp file is
@@ -9,6 +10,7 @@ flush costs milliseconds per file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -60,4 +62,20 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return write_atomic(path, dumps_json(obj))
 
 
-__all__ = ["FILE_MODE", "dumps_json", "write_atomic", "write_json_atomic"]
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a file's bytes, read in 4 MiB chunks (data files reach 100+ MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """sha256 hex digest of `obj` as compact canonical JSON (sorted keys; non-JSON values as str()).
+    Signatures, fingerprints and workload-cache keys are this digest: its bytes must never change."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+__all__ = ["FILE_MODE", "dumps_json", "sha256_file", "sha256_json", "write_atomic", "write_json_atomic"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,17 @@ def test_fsync_false_skips_the_flush(tmp_path, monkeypatch):
     p = write_atomic(tmp_path / "x", b"data", fsync=False)
     assert p.read_bytes() == b"data" and os.listdir(tmp_path) == ["x"]
     assert stat.S_IMODE(p.stat().st_mode) == FILE_MODE
+
+
+def test_digests_match_hashlib_on_the_canonical_bytes(tmp_path):
+    import hashlib
+
+    from repro.fileio import sha256_file, sha256_json
+
+    data = bytes(range(256)) * 40_000  # > one 4 MiB chunk
+    p = write_atomic(tmp_path / "big", data)
+    assert sha256_file(p) == hashlib.sha256(data).hexdigest()
+    # compact, sorted, non-JSON values as str(): signatures and cache keys depend on these bytes
+    obj = {"b": [1, 2.5, None], "a": {"y": Path("/x"), "x": "é"}}
+    blob = '{"a":{"x":"\\u00e9","y":"/x"},"b":[1,2.5,null]}'
+    assert sha256_json(obj) == hashlib.sha256(blob.encode()).hexdigest()

@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from repro.fileio import write_atomic, write_json_atomic
+from repro.fileio import sha256_file, sha256_json, write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     digest = memo.get(memo_key)
     if isinstance(digest, str) and len(digest) == 64:
         return digest
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
+    digest = sha256_file(path)
     memo[memo_key] = digest
     try:
         write_json_atomic(memo_path, memo)
@@ -74,8 +70,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def cache_key(payload: dict) -> str:
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256_json(payload)
 
 
 def pool_path(name: str, key: str) -> Path:
