@@ -20,3 +20,16 @@ def get_path(cfg: Mapping, dotted: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
+
+
+def flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}, "c": {}} -> {"a.b": 1, "c": {}}: nested mappings as dotted keys; an empty
+    mapping and every non-mapping value (lists included) is a leaf."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from repro.confutil import to_plain
+
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -25,23 +27,17 @@ class CostModelConfigError(ValueError):
     """A model / hardware / coefficient config that cannot be used (raised before any work)."""
 
 
-def to_plain(cfg: Any) -> dict:
-    """A plain dict from a dict or an OmegaConf DictConfig (resolved)."""
+def _config_dict(cfg: Any) -> dict:
+    """A model / hardware config as a plain dict (OmegaConf nodes resolved), or a clear error."""
     if cfg is None:
         raise CostModelConfigError("config is None")
-    if isinstance(cfg, Mapping):
-        out = dict(cfg)
-    else:
-        try:
-            from omegaconf import DictConfig, OmegaConf
-        except ImportError as exc:  # pragma: no cover - omegaconf is a dependency
-            raise CostModelConfigError(f"cannot read config of type {type(cfg).__name__}") from exc
-        if not isinstance(cfg, DictConfig):
-            raise CostModelConfigError(f"expected a mapping, got {type(cfg).__name__}")
-        out = OmegaConf.to_container(cfg, resolve=True)
+    out = to_plain(cfg)
+    if not isinstance(out, Mapping):
+        raise CostModelConfigError(f"expected a mapping, got {type(cfg).__name__}")
+    out = dict(out)
     for key, value in list(out.items()):
         if not isinstance(value, (dict, list, str, int, float, bool, type(None))):
-            out[key] = to_plain(value)
+            out[key] = _config_dict(value)  # a config node inside a plain dict; anything else: an error
     return out
 
 
@@ -218,7 +214,7 @@ class Coefficients:
 
 
 def model_spec_from_config(model_cfg: Any) -> ModelSpec:
-    cfg = to_plain(model_cfg)
+    cfg = _config_dict(model_cfg)
     name = _get(cfg, "name", "model config", str)
     where = f"model config '{name}'"
     arch = cfg.get("architecture")
@@ -280,7 +276,7 @@ def model_spec_from_config(model_cfg: Any) -> ModelSpec:
 
 
 def hardware_spec_from_config(hardware_cfg: Any) -> HardwareSpec:
-    cfg = to_plain(hardware_cfg)
+    cfg = _config_dict(hardware_cfg)
     name = _get(cfg, "name", "hardware config", str)
     where = f"hardware config '{name}'"
     memory_mib = _positive(_get(cfg, "memory_mib", where), "memory_mib", where)
@@ -308,7 +304,7 @@ def hardware_spec_from_config(hardware_cfg: Any) -> HardwareSpec:
 
 
 def coefficients_from_config(model_cfg: Any, spec: ModelSpec) -> Coefficients:
-    cfg = to_plain(model_cfg)
+    cfg = _config_dict(model_cfg)
     where = f"model config '{spec.name}'.cost_model"
     coef = cfg.get("cost_model")
     if not isinstance(coef, Mapping):

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from repro.confutil import flatten
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -67,14 +69,9 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out: dict = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True)
-    return out
+def _flat(d: dict) -> dict:
+    """Dotted keys -> canonical JSON of the value; empty mappings leave no key."""
+    return {k: json.dumps(v, sort_keys=True) for k, v in flatten(d).items() if v != {}}
 
 
 def _settings(cells: dict[str, Path]) -> dict[str, dict]:

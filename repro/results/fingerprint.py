@@ -27,6 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from repro.fileio import sha256_file, sha256_json
+
 FINGERPRINT = "fingerprint.json"
 FORMAT = 1
 
@@ -53,14 +55,7 @@ def _memo_file(path: Path, kind: str, compute) -> Any:
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes (memoised per process by path, size and mtime)."""
 
-    def compute(p: Path) -> str:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        return h.hexdigest()
-
-    return _memo_file(Path(path), "sha", compute)
+    return _memo_file(Path(path), "sha", sha256_file)
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -233,8 +228,7 @@ def code_fingerprint(
 def finish(parts: Mapping[str, Any]) -> dict:
     """The full fingerprint dict: the parts plus `fingerprint` (sha256 of the parts) and `format`."""
     body = {k: parts[k] for k in ("code", "package_data", "data", "versions")}
-    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return {"format": FORMAT, "fingerprint": _sha256_bytes(blob.encode()), **body}
+    return {"format": FORMAT, "fingerprint": sha256_json(body), **body}
 
 
 def differences(old: Mapping[str, Any] | None, new: Mapping[str, Any], limit: int = 4) -> list[str]:

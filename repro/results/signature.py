@@ -8,11 +8,10 @@ in a joblib pool or in a Slurm array task.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Mapping
 
 from repro.confutil import to_plain
+from repro.fileio import sha256_json
 
 # Top-level config keys that do not affect results.
 NON_RESULT_KEYS: frozenset[str] = frozenset(
@@ -27,5 +26,4 @@ def signature_payload(cfg: Mapping[str, Any]) -> dict:
 
 
 def run_signature(cfg: Mapping[str, Any], length: int = 12) -> str:
-    blob = json.dumps(signature_payload(cfg), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+    return sha256_json(signature_payload(cfg))[:length]

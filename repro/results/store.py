@@ -1,63 +1,25 @@
-"""Atomic writes and the per-cell result folder.
+"""The per-cell result folder.
 
-Every file is written to a temp file in the same directory, fsynced, then renamed
-over the target, so a killed process leaves either the old file or the new one,
-never half a file. `summary.json` is written last: its presence marks a finished
-cell, which is what lets a re-run sweep skip finished cells.
+Every file is written atomically (repro.fileio: temp file in the same directory,
+fsynced, renamed over the target), so a killed process leaves either the old file
+or the new one, never half a file. `summary.json` is written last: its presence
+marks a finished cell, which is what lets a re-run sweep skip finished cells.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from repro.fileio import write_atomic, write_json_atomic
+
 SUMMARY = "summary.json"
 
-
-def _file_mode() -> int:
-    """0666 minus the process umask: what open() would give, not mkstemp's private 0600."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-FILE_MODE = _file_mode()
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)  # collaborators on shared storage can read results
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode())
-
-
-def dumps_json(obj: Any) -> str:
-    """Canonical JSON: sorted keys, fixed indentation, trailing newline (byte-stable)."""
-    return json.dumps(obj, sort_keys=True, indent=2, allow_nan=True) + "\n"
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, dumps_json(obj))
+# The writers live in repro.fileio; these names stay for callers not yet switched to it.
+atomic_write_bytes = atomic_write_text = write_atomic
+atomic_write_json = write_json_atomic
 
 
 class CellStore:
@@ -77,13 +39,13 @@ class CellStore:
         return json.loads(self.summary_path.read_text())
 
     def write_bytes(self, name: str, data: bytes) -> Path:
-        return atomic_write_bytes(self.dir / name, data)
+        return write_atomic(self.dir / name, data)
 
     def write_text(self, name: str, text: str) -> Path:
-        return atomic_write_text(self.dir / name, text)
+        return write_atomic(self.dir / name, text)
 
     def write_json(self, name: str, obj: Any) -> Path:
-        return atomic_write_json(self.dir / name, obj)
+        return write_json_atomic(self.dir / name, obj)
 
     def write_parquet(self, name: str, df) -> Path:
         """Deterministic parquet bytes: no pandas index, no creation timestamp variance."""

@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from repro.fileio import write_atomic
 from repro.tracking import runs
 
 LIVE_BACKENDS = ("sglang",)  # tracking.stream: auto -> these stream; the others' runs come from the files
@@ -92,10 +93,7 @@ def _write_series_file(cell_dir: Path, series, swept: Mapping[str, Any]) -> dict
     from repro.tracking.series import SERIES_FILE, series_bytes, series_meta
 
     meta = series_meta(series, swept=swept)
-    target = Path(cell_dir) / SERIES_FILE
-    tmp = target.with_name(f".tmp-{SERIES_FILE}")  # atomic, not fsynced (repro.tracking.series)
-    tmp.write_bytes(series_bytes(series, meta))
-    os.replace(tmp, target)
+    write_atomic(Path(cell_dir) / SERIES_FILE, series_bytes(series, meta), fsync=False)  # why: repro.tracking.series
     return meta
 
 

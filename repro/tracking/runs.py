@@ -20,6 +20,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
+from repro.confutil import flatten
+
 ROOT_ID_FILE = ".tracking_id"
 TAG_KEYS = (
     ("workload", "workload.name"),
@@ -63,17 +65,6 @@ def run_id(exp_name: str, signature: str, root: str) -> str:
     """W&B run id (<= 64 characters of [A-Za-z0-9_.-])."""
     exp = re.sub(r"[^A-Za-z0-9_.-]+", "_", exp_name)[:40]
     return f"{exp}-{signature}-{root}"
-
-
-def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in cfg.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def flat_config(cfg: Mapping[str, Any], signature: str) -> dict[str, Any]:
@@ -159,7 +150,6 @@ __all__ = [
     "ROOT_ID_FILE",
     "display_name",
     "flat_config",
-    "flatten",
     "root_id",
     "run_id",
     "swept_from_label",

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from repro.confutil import flatten
 from repro.tracking import runs
 from repro.tracking.series import SERIES_FILE, read_series
 
@@ -178,7 +179,7 @@ def upload(results_dir: str | Path, mode: str = "offline", *, project=None, enti
                 series, meta = read_series(cell / SERIES_FILE)
                 counts["with_series"] += 1
             if not (meta or {}).get("swept"):
-                flat = runs.flatten(cfg or {})
+                flat = flatten(cfg or {})
                 swept = {k: flat.get(k) for k in sorted(info["swept"])}
             write_cell_run(cell, mode, config=cfg, series=series, meta=meta, swept=swept, tracking=tracking)
         except Exception as exc:  # one bad cell does not stop the others

@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from repro.fileio import write_atomic
+
 BLOCK = 32768
 HEADER = 7
 FILE_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
@@ -299,10 +301,7 @@ def write_offline_run(
 
     # temp file + rename, no fsync: a run file is rebuilt from the cell's files at any time
     # (python -m repro.tracking.upload), so it is not worth a disk flush per cell
-    target = run_dir / f"run-{run_id}.wandb"
-    tmp = run_dir / f".tmp-{target.name}"
-    tmp.write_bytes(frame(records()))
-    os.replace(tmp, target)
+    write_atomic(run_dir / f"run-{run_id}.wandb", frame(records()), fsync=False)
     return run_dir
 
 

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from repro.confutil import to_plain
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng, order_random, order_round_robin, poisson_arrivals
 from repro.workloads.pool import Pool
@@ -180,17 +181,6 @@ class _Problems:
             raise WorkloadConfigError(f"workload {name!r}: invalid config:\n  - {lines}")
 
 
-def _plain(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(cfg, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return copy.deepcopy(cfg)
-
-
 # --------------------------------------------------------------------------- spec base
 class WorkloadSpec:
     """Base class of a workload: validated config + `make_pool` + `build`.
@@ -210,7 +200,8 @@ class WorkloadSpec:
     NUM_QUERIES_OPTIONAL = RATE_OPTIONAL = OUTPUT_LEN_OPTIONAL = False
 
     def __init__(self, **cfg: Any):
-        cfg = {k: _plain(v) for k, v in cfg.items()}  # hydra.utils.instantiate passes DictConfig values
+        # hydra.utils.instantiate passes DictConfig values; a copy, so validation never edits the caller's
+        cfg = {k: copy.deepcopy(to_plain(v)) for k, v in cfg.items()}
         cfg.pop("_target_", None)
         given_name = cfg.pop("name", self.name)
         merged: dict[str, Any] = copy.deepcopy(COMMON_DEFAULTS)
@@ -376,7 +367,7 @@ class WorkloadSpec:
 
 def resolve_spec(workload_cfg: Mapping) -> WorkloadSpec:
     """Validated spec object for a composed `workload` config node."""
-    cfg = _plain(workload_cfg)
+    cfg = copy.deepcopy(to_plain(workload_cfg))
     if not isinstance(cfg, Mapping):
         raise WorkloadConfigError(f"workload config must be a mapping, got {type(cfg).__name__}")
     target = cfg.get("_target_")

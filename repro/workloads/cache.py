@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from repro.results import atomic_write_bytes, atomic_write_json
+from repro.fileio import sha256_file, sha256_json, write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +60,17 @@ def file_sha256(path: str | os.PathLike) -> str:
     digest = memo.get(memo_key)
     if isinstance(digest, str) and len(digest) == 64:
         return digest
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
+    digest = sha256_file(path)
     memo[memo_key] = digest
     try:
-        atomic_write_json(memo_path, memo)
+        write_json_atomic(memo_path, memo)
     except OSError as exc:  # a read-only cache dir only costs speed
         log.warning("could not write checksum memo %s: %s", memo_path, exc)
     return digest
 
 
 def cache_key(payload: dict) -> str:
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256_json(payload)
 
 
 def pool_path(name: str, key: str) -> Path:
@@ -103,4 +98,4 @@ def read_payload(path: Path) -> bytes | None:
 
 
 def write_payload(path: Path, payload: bytes) -> None:
-    atomic_write_bytes(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+    write_atomic(path, MAGIC + hashlib.sha256(payload).digest() + payload)

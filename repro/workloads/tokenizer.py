@@ -54,6 +54,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from repro.fileio import sha256_file
+
 BUILTIN_NAME = "builtin-v1"
 BUILTIN_VOCAB_SIZE = 128_256  # Llama-3's vocabulary size, so ids look like real ones
 _NUM_RESERVED = 256
@@ -217,7 +219,7 @@ def llama3_tokenizer_file() -> Path:
 
 @functools.lru_cache(maxsize=4)
 def _file_sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 class Llama3Tokenizer:

@@ -29,6 +29,21 @@ def test_from_config_accepts_omegaconf(model_cfgs, hardware_cfgs):
     assert omega.step_time_s(500, 500 * 250.0, 7, 7000) == plain.step_time_s(500, 500 * 250.0, 7, 7000)
 
 
+def test_omegaconf_config_may_hold_lists_and_interpolations(model_cfgs, hardware_cfgs):
+    # a list-valued key used to fail ("expected a mapping, got ListConfig") on an OmegaConf config only
+    mcfg = OmegaConf.create({**model_cfgs["llama31_8b"], "notes": ["a", "b"], "alias": "${name}"})
+    omega = StepCostModel.from_config(mcfg, OmegaConf.create({**hardware_cfgs["l40"], "tags": [1]}))
+    plain = StepCostModel.from_config(model_cfgs["llama31_8b"], hardware_cfgs["l40"])
+    assert omega.model == plain.model and omega.hardware == plain.hardware
+    assert omega.decode_time_s(8, 8000) == plain.decode_time_s(8, 8000)
+
+
+@pytest.mark.parametrize("bad", [None, [1], (1,), "x"])
+def test_non_mapping_config_fails_clearly(hardware_cfgs, bad):
+    with pytest.raises(CostModelConfigError, match="config is None|expected a mapping"):
+        StepCostModel.from_config(bad, hardware_cfgs["l40"])
+
+
 def test_default_cell_is_8b_on_l40():
     root = OmegaConf.load(CONF / "config.yaml")
     defaults = {k: v for d in root.defaults if isinstance(d, dict) or OmegaConf.is_dict(d) for k, v in d.items()}

@@ -1,15 +1,11 @@
-"""repro.results: run signatures (identity) and atomic, readable writes."""
+"""repro.results: run signatures (identity) and the cell folder (atomic writes: tests/test_fileio.py)."""
 
 from __future__ import annotations
 
-import os
-import stat
-
 import pandas as pd
-import pytest
 
-from repro.results import CellStore, atomic_write_bytes, atomic_write_json, run_signature
-from repro.results.store import FILE_MODE
+from repro import fileio
+from repro.results import CellStore, atomic_write_bytes, atomic_write_json, atomic_write_text, run_signature
 
 
 def test_signature_ignores_non_result_keys_and_key_order():
@@ -21,32 +17,10 @@ def test_signature_ignores_non_result_keys_and_key_order():
     assert run_signature(a) != run_signature({**a, "workload": {"request_rate": 8, "name": "gsp", "x": 1}})
 
 
-def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
-    p = tmp_path / "d" / "f.json"
-    atomic_write_json(p, {"b": 1, "a": [1, 2]})
-    assert p.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
-    atomic_write_bytes(p, b"new")
-    assert p.read_bytes() == b"new" and os.listdir(p.parent) == ["f.json"]
-
-
-def test_files_are_readable_by_others_per_umask(tmp_path):
-    p = atomic_write_bytes(tmp_path / "x", b"1")
-    mask = os.umask(0)
-    os.umask(mask)
-    assert FILE_MODE == 0o666 & ~mask  # what open() gives, not mkstemp's 0600
-    assert stat.S_IMODE(p.stat().st_mode) == FILE_MODE
-
-
-def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
-    p = atomic_write_bytes(tmp_path / "x", b"old")
-
-    def boom(*a, **k):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", boom)
-    with pytest.raises(OSError):
-        atomic_write_bytes(p, b"new")
-    assert p.read_bytes() == b"old" and os.listdir(tmp_path) == ["x"]
+def test_old_writer_names_are_the_fileio_writers():
+    # kept for callers in other packages until they import repro.fileio
+    assert atomic_write_bytes is atomic_write_text is fileio.write_atomic
+    assert atomic_write_json is fileio.write_json_atomic
 
 
 def test_parquet_bytes_are_deterministic(tmp_path):
