@@ -42,68 +42,23 @@ Test hooks (`fault` in the config; never set in experiments): "malformed" (strea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import math
 import os
-import signal
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from repro.backends.sglang import protocol
+from repro.backends.sglang import cli_common as cli, protocol
+from repro.backends.sglang.config import FAULTS, EmulatorConfig
 from repro.workloads.request import Request
 
 log = logging.getLogger("repro.emulated_worker")
 
-FAULTS = ("malformed", "http500", "hang", "never_healthy")
 MAX_LAG_WALL_S = 0.02
-
-
-@dataclass
-class EmulatorConfig:
-    """Everything one emulated worker needs (written as JSON by the orchestration)."""
-
-    worker_id: int
-    kv_capacity_tokens: int
-    eviction: dict  # conf/eviction/<name>.yaml content ({"name": "rlt", "granularity": "node"})
-    seed: int  # the eviction policy's seed (the simulator's SeedPlan.workers[i])
-    model: dict  # conf/model/<m>.yaml
-    hardware: dict  # conf/hardware/<g>.yaml
-    scheduler: dict = field(default_factory=dict)  # cluster.scheduler (repro.sim SchedulerConfig keys)
-    time_scale: float = 1.0
-    startup_delay_s: float = 0.0  # /health answers 503 for this long after start (wall seconds)
-    fault: Any = None  # test hooks, see the module docstring
-    tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
-
-    def __post_init__(self) -> None:
-        if isinstance(self.kv_capacity_tokens, bool) or not isinstance(self.kv_capacity_tokens, int) or (
-            self.kv_capacity_tokens < 1
-        ):
-            raise ValueError(f"kv_capacity_tokens must be a positive integer, got {self.kv_capacity_tokens!r}")
-        if not (isinstance(self.time_scale, (int, float)) and math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale!r}")
-        if not isinstance(self.eviction, dict) or not self.eviction.get("name"):
-            raise ValueError(f"eviction must be a mapping with a 'name', got {self.eviction!r}")
-        f = self.fault
-        if f is not None and f not in FAULTS and not (
-            isinstance(f, dict) and set(f) == {"exit_after_requests"} and int(f["exit_after_requests"]) >= 1
-        ):
-            raise ValueError(f"fault must be null, one of {FAULTS} or {{exit_after_requests: N}}, got {f!r}")
-
-    @classmethod
-    def from_json(cls, path: str) -> "EmulatorConfig":
-        with open(path) as fh:
-            data = json.load(fh)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown emulated-worker keys {unknown}; known: {sorted(known)}")
-        return cls(**data)
 
 
 def _growing_table():
@@ -194,7 +149,7 @@ class EmulatedWorker:
         self.scheduler_error: BaseException | None = None
         self._runner = None
         self.port: int | None = None
-        self._tokenizer = None
+        self._prompt_ids = protocol.PromptIds(cfg.tokenizer)  # text requests: the cell's tokenizer
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -297,18 +252,6 @@ class EmulatedWorker:
             rng = np.random.default_rng([int(self.cfg.seed) % (2**63), index])
             out[k:] = rng.integers(0, 128_000, n - k, dtype=np.int32)
         return out
-
-    def _prompt_ids(self, inp: protocol.GenerateInput) -> np.ndarray:
-        if inp.input_ids is not None:
-            return inp.input_ids
-        if self._tokenizer is None:  # the cell's tokenizer, as the simulator's workload used
-            from repro.workloads.tokenizer import make_tokenizer
-
-            self._tokenizer = make_tokenizer(self.cfg.tokenizer)
-        ids = np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
-        if len(ids) == 0:
-            raise protocol.ProtocolError("text encodes to zero tokens")
-        return ids
 
     def submit(self, inp: protocol.GenerateInput) -> tuple[int, _Stream]:
         """Queue one request on the scheduler; returns (index, its stream)."""
@@ -512,10 +455,7 @@ def _jsonable(obj: Any) -> Any:
 
 async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
     worker = EmulatedWorker(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = cli.stop_event()
     bound = await worker.start(host, port)
     log.info(
         "emulated worker %d serving on http://%s:%d (capacity %d tokens, eviction %s, time_scale %g)",
@@ -526,21 +466,12 @@ async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="JSON file with EmulatorConfig keys")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args(argv)
-    protocol.raise_open_file_limit()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    try:
-        cfg = EmulatorConfig.from_json(args.config)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"emulated worker: bad config {args.config}: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_serve(cfg, args.host, args.port))
-    return 0
+    return cli.server_main(argv, module="repro.backends.sglang.emulated_worker", what="emulated worker",
+                           description=__doc__.splitlines()[0], config_help="JSON file with EmulatorConfig keys",
+                           load=EmulatorConfig.from_json, serve=_serve)
 
+
+__all__ = ["FAULTS", "EmulatedWorker", "EmulatorConfig", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())
