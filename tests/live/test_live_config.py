@@ -80,3 +80,17 @@ def test_a_plan_is_the_same_with_keys_written_out_or_left_to_their_defaults(tmp_
     with pytest.raises(orchestrate.OrchestrationError, match=r"unknown keys \['colour'\]"):
         orchestrate.plan_cell(_cell({**minimal, "colour": "red"}), [1, 1], SeedPlan.spawn(0, 2), tmp_path,
                               ports=[1, 2, 3])
+
+
+@pytest.mark.parametrize("module, what", [("repro.backends.sglang.router_service", "router service"),
+                                          ("repro.backends.sglang.emulated_worker", "emulated worker")])
+def test_both_server_command_lines_refuse_a_bad_config_with_exit_code_2(tmp_path, capsys, module, what):
+    import importlib
+
+    main = importlib.import_module(module).main
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"service": {"worker_urls": ["http://127.0.0.1:1"]}, "colour": 1, "worker_id": 0}')
+    for path in (tmp_path / "missing.json", bad):
+        assert main(["--config", str(path), "--port", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"ERROR: {what}: bad config {path}: " in err, err
