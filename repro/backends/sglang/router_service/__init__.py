@@ -5,7 +5,7 @@
 Clients POST SGLang's `/generate` (streaming or not, `input_ids` or `text`; see
 repro.backends.sglang.protocol) to the service; it asks the configured router — the very
 `repro.routing` class the simulator uses (LBGR, cache-aware, random, ...; built with
-`hydra.utils.instantiate(cfg.router)`) — for a worker, forwards the request body unchanged,
+`hydra.utils.instantiate(cfg.router)` in cli.build_router) — for a worker, forwards the body unchanged,
 streams the reply back event by event, and tells the router about the completion.
 
 What the router sees (`LiveWorkerView`, the repro.routing.base.WorkerView contract), filled from
@@ -63,7 +63,8 @@ Faults:
 - Bad input, answered before any work: a body over `max_body_bytes` (default 4 MiB; a 128k-token
   prompt as ids plus its text is ~1.6 MB) -> 413 without reading it; not JSON or nested too deeply
   -> 400; fields outside protocol.FORWARDED_KEYS / SAMPLING_KEYS -> 400 naming them (so only known
-  fields are forwarded). Bodies over 64 KiB are parsed and tokenized in a parser process (one,
+  fields are forwarded); `text` that encodes to zero tokens -> 400 (protocol.PromptIds, shared
+  with the emulated worker). Bodies over 64 KiB are parsed and tokenized in a parser process (one,
   spawned on the first such body), not on the event loop: JSON decoding and the tokenizer's regex
   hold the GIL, so a thread would still stall small requests (~0.1 s for a 4 MB text prompt).
 - Start-up: the service refuses to start (NoHealthyWorkersError, exit code 2 from the CLI) when

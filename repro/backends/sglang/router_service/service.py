@@ -41,7 +41,7 @@ class RouterService:
         self.workers = [WorkerState(i, u) for i, u in enumerate(config.worker_urls)]
         self.views = [LiveWorkerView(w, self) for w in self.workers]
         self.parser = RequestParser(config.tokenizer)
-        self._prompt_ids = self.parser.prompt_ids
+        self._prompt_ids = self.parser.prompt_ids  # as on EmulatedWorker: text -> ids (tests compare the two)
         self._pool = ParserPool(config.tokenizer)
         self._next_key = 0
         self._t0 = 0.0
