@@ -19,6 +19,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 
+ROUTER_IMPLS = ("ours", "sglang_router")  # backend.router_impl
+SGLANG_ROUTER_POLICIES = ("cache_aware", "random", "round_robin")  # what sglang-router 0.3.2 runs
+PLACEMENTS = ("auto", "local")  # backend.placement
+
+
 def _is_pos(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
@@ -262,6 +267,9 @@ class EmulatorConfig:
 
 __all__ = [
     "BACKEND_KEYS",
+    "PLACEMENTS",
+    "ROUTER_IMPLS",
+    "SGLANG_ROUTER_POLICIES",
     "BackendConfig",
     "ClientSection",
     "EmulatorConfig",

@@ -18,11 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.backends.sglang.config import BackendConfig
+from repro.backends.sglang.config import PLACEMENTS, ROUTER_IMPLS, SGLANG_ROUTER_POLICIES, BackendConfig
 from repro.confutil import to_plain
-
-ROUTER_IMPLS = ("ours", "sglang_router")
-SGLANG_ROUTER_POLICIES = ("cache_aware", "random", "round_robin")
 
 class OrchestrationError(RuntimeError):
     """The cell could not be run on this node (start-up, time limit, configuration)."""
@@ -258,7 +255,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     log_dir = str(Path(log_dir).resolve())
     from repro.backends.sglang.node_agent import PORT_PLACEHOLDER, PlacementError, job_nodes, split_workers
 
-    if b.placement not in ("auto", "local"):
+    if b.placement not in PLACEMENTS:
         raise OrchestrationError(f"backend.placement must be auto or local, got {b.placement!r}")
     try:
         nodes = (job_nodes() or []) if b.placement == "auto" else []
