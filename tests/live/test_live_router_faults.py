@@ -330,7 +330,7 @@ def test_unknown_sampling_params_and_config_limits():
     small_nested = b"[" * 20_000 + b"]" * 20_000
     assert len(small_nested) <= INLINE_PARSE_BYTES
     with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
-        svc._parse_request(small_nested)
+        svc.parser.parse(small_nested)
 
     with pytest.raises(protocol.ProtocolError, match=r"unknown sampling_params \['temprature'\]"):
         protocol.check_known_keys({"input_ids": [1], "sampling_params": {"temprature": 0}})

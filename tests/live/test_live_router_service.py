@@ -11,8 +11,8 @@ import pytest
 
 from repro.backends.sglang import protocol
 
-from live_helpers import (FakeWorker, RecordingRouter, emulated_workers, hardware_cfg, make_requests, model_cfg,
-                          need_parts, run_async, sglang_events)
+from live_helpers import (FakeWorker, RecordingRouter, emulated_workers, emulator_config, hardware_cfg, make_requests,
+                          model_cfg, need_parts, run_async, sglang_events)
 
 
 @pytest.fixture(autouse=True)
@@ -352,6 +352,46 @@ def test_non_streaming_text_request_and_a_broken_router():
     bad, good = run_async(main(), 30)
     assert bad[0] == 500 and "router returned worker 7" in bad[2]["error"]["message"]
     assert good[0] == 200 and good[2]["meta_info"]["completion_tokens"] == 2
+
+
+class _NoTokens:
+    """A tokenizer under which any text encodes to nothing (real ones never do for non-empty text)."""
+
+    def encode(self, text):
+        return []
+
+
+def test_text_that_encodes_to_zero_tokens_is_refused_before_routing():
+    """The router service and the emulated worker share one prompt_ids (protocol.PromptIds):
+    both answer 400 for text without tokens, and the router is never asked to route it."""
+    from repro.backends.sglang.emulated_worker import EmulatedWorker
+
+    body = {"text": "   ", "sampling_params": {"max_new_tokens": 2}}
+
+    async def main():
+        w = FakeWorker(lambda b: sglang_events(b))
+        await w.start()
+        router = RecordingRouter()
+        svc = _service(router, [w.url])
+        svc._prompt_ids._tokenizer = _NoTokens()
+        emu = EmulatedWorker(emulator_config())
+        emu._prompt_ids._tokenizer = _NoTokens()
+        port = await svc.start()
+        await emu.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                via_router = await _generate(s, f"http://127.0.0.1:{port}", body, stream=False)
+                at_worker = await _generate(s, f"http://127.0.0.1:{emu.port}", body, stream=False)
+            return via_router, at_worker, router.selected, w.bodies, svc.stats()
+        finally:
+            await svc.stop()
+            await emu.stop()
+            await w.stop()
+
+    via_router, at_worker, selected, forwarded, stats = run_async(main(), 30)
+    for status, _, reply, _ in (via_router, at_worker):
+        assert status == 400 and "encodes to zero tokens" in reply["error"]["message"], reply
+    assert selected == [] and forwarded == [] and stats["rejected"] == 1
 
 
 def test_config_errors_are_named():

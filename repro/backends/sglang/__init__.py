@@ -8,11 +8,17 @@ Modules here:
   (GPU nodes; `--check-spawn` is a CPU-runnable pre-flight check).
 * `cpu_shims`  -- test/benchmark-only import shims for SGLang's radix cache on a CPU machine.
 * `backend`    -- the harness entry point for `backend=sglang` (run_cell, validate_cell, identity).
-* `orchestrate` -- one cell on a node: M servers (or emulated workers), router, client, teardown.
-* `router_service` -- aiohttp proxy routing SGLang `/generate` with the repro.routing classes.
+* `config`     -- the backend's config as types: every default of conf/backend/sglang.yaml once,
+  and the router service's / emulated workers' process configs.
+* `orchestrate` -- one cell on a node: M servers (or emulated workers), router, client, teardown
+  (`planning`: the commands and configs of a cell; `processes`: starting and stopping them).
+* `node_agent` -- the servers of one other node of a Slurm job (one srun step).
+* `router_service` -- package: aiohttp proxy routing SGLang `/generate` with the repro.routing classes.
 * `client`     -- open-loop streaming benchmark client writing the simulator's per-request records.
-* `emulated_worker` -- GPU-less SGLang stand-in: the simulator's worker behind the same protocol.
+* `emulated_worker` -- GPU-less SGLang stand-in: the simulator's worker behind the same protocol
+  (`realtime_worker`: that worker driven by the wall clock).
 * `protocol`   -- SGLang 0.5.23's `/generate` wire format as these modules speak it.
+* `cli_common` -- the `--config/--host/--port` command line of router service and emulated worker.
 
 CPU checks against SGLang's real RadixCache (from the repo root; times measured on this 2-core
 machine shared with other jobs, load average ~5-6):

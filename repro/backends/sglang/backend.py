@@ -38,23 +38,10 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from repro.backends.sglang.config import BACKEND_KEYS, SECTION_KEYS, backend_config_errors  # keys, defaults: config.py
 from repro.confutil import get_path, to_plain
 from repro.results.fingerprint import PYTHON_VERSION
 
-BACKEND_KEYS = frozenset({
-    "name", "emulate", "time_scale", "router_impl", "host", "gpus", "log_dir", "python", "server",
-    "timeouts", "router_service", "sglang_router", "client", "emulator", "placement",
-})
-SECTION_KEYS = {
-    "server": {"model_path", "load_format", "dtype", "random_seed", "extra_args", "env"},
-    "timeouts": {"server_start_s", "router_start_s", "request_s", "connect_s", "cell_s", "shutdown_grace_s"},
-    "router_service": {"max_retries", "health_check_interval_s", "health_check_timeout_s",
-                       "health_failure_threshold", "startup_health_timeout_s", "load_poll_interval_s",
-                       "view_tracker", "stall_timeout_s", "max_body_bytes"},
-    "sglang_router": {"extra_args", "python"},
-    "client": {"send_reference_output", "send_text"},
-    "emulator": {"startup_delay_s", "fault", "faults"},
-}
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
 NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
 SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
@@ -69,19 +56,7 @@ def validate_cell(cfg: Mapping) -> list[str]:
     cfg = to_plain(cfg)
     errs: list[str] = []
     b = cfg.get("backend") or {}
-    unknown = sorted(set(b) - BACKEND_KEYS)
-    if unknown:
-        errs.append(f"backend: unknown keys {unknown} (known: {sorted(BACKEND_KEYS)})")
-    for section, keys in SECTION_KEYS.items():
-        sec = b.get(section)
-        if sec is None:
-            continue
-        if not isinstance(sec, Mapping):
-            errs.append(f"backend.{section} must be a mapping")
-            continue
-        bad = sorted(set(sec) - keys)
-        if bad:
-            errs.append(f"backend.{section}: unknown keys {bad} (known: {sorted(keys)})")
+    errs += backend_config_errors(b)  # unknown keys, sections, timeouts > 0
     emulate = b.get("emulate", False)
     if not isinstance(emulate, bool):
         errs.append(f"backend.emulate must be true or false, got {emulate!r}")
@@ -117,10 +92,6 @@ def validate_cell(cfg: Mapping) -> list[str]:
         errs.append(f"eviction.name={ev_name!r}: the SGLang server offers {SGLANG_EVICTIONS}")
     if not emulate and ev_gran != "node":
         errs.append(f"eviction.granularity={ev_gran!r}: SGLang evicts whole radix-tree nodes (granularity=node)")
-    for key in SECTION_KEYS["timeouts"]:
-        v = get_path(b, f"timeouts.{key}")
-        if v is not None and not _is_pos(v):
-            errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
     if b.get("placement", "auto") not in ("auto", "local"):
         errs.append(f"backend.placement must be auto or local, got {b.get('placement')!r}")
     gpus = b.get("gpus")

@@ -46,15 +46,16 @@ import pandas as pd
 
 from repro.backends.base import RECORD_COLUMNS
 from repro.backends.sglang import protocol
+from repro.backends.sglang.config import BackendConfig, ClientSection, Timeouts
 
 
 @dataclass
 class ClientConfig:
-    time_scale: float = 1.0  # emulated seconds per wall second
-    request_timeout_s: float = 600.0  # wall seconds from send to the final event
-    connect_timeout_s: float = 10.0
-    send_reference_output: bool = False  # send repro_output_ids (emulated workers)
-    send_text: bool = True  # send the prompt text too (when the workload has it) for text-matching routers
+    time_scale: float = BackendConfig.time_scale  # emulated seconds per wall second
+    request_timeout_s: float = Timeouts.request_s  # wall seconds from send to the final event
+    connect_timeout_s: float = Timeouts.connect_s
+    send_reference_output: bool = False  # send repro_output_ids (emulated workers; plan_cell resolves "auto")
+    send_text: bool = ClientSection.send_text  # the prompt text too (when the workload has it): text-matching routers
     stream: bool = True
     path: str = "/generate"
 

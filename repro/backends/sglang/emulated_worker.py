@@ -7,15 +7,9 @@ repro.backends.sglang.protocol), `/health`, `/health_generate`, `/server_info`, 
 plus `/emulator/stats` (its cache and step counters). It lets the router service, the client and
 the node orchestration run end to end on a laptop or in CI.
 
-What runs inside (one place per idea): the simulator's own worker, `repro.sim.worker.SimWorker`
-(SGLang-like continuous batching over a `repro.kvcache` radix cache, with that module's
-documented simplifications), driven here by a real-time loop instead of the simulator's event
-heap, and timed by the same step-cost model (`repro.costmodel.StepCostModel`). A step of
-modelled duration d sleeps d / time_scale wall seconds. The worker's clock is emulated seconds:
-while the worker is busy the next step starts exactly when the previous one was due to end (so
-wall-clock overheads do not pile up on its timeline, as on a GPU that runs ahead of its host),
-unless it has fallen more than MAX_LAG_WALL_S (20 ms) of wall time behind, in which case the debt
-is dropped; when it is idle the clock catches up with the wall clock (x time_scale).
+What runs inside (one place per idea): the simulator's own worker, `repro.sim.worker.SimWorker`,
+driven by a real-time loop instead of the simulator's event heap and timed by the same step-cost
+model: realtime_worker.RealTimeWorker (its clock: that module's docstring).
 
 Choices the real server makes differently (stated so no one mistakes this for SGLang):
 - Output tokens: the request's `custom_labels.repro_output_ids` (the workload's recorded reply, sent by our
@@ -42,303 +36,31 @@ Test hooks (`fault` in the config; never set in experiments): "malformed" (strea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
-import math
 import os
-import signal
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from repro.backends.sglang import protocol
-from repro.workloads.request import Request
+from repro.backends.sglang import cli_common as cli, protocol
+from repro.backends.sglang.config import FAULTS, EmulatorConfig
+from repro.backends.sglang.realtime_worker import RealTimeWorker
 
 log = logging.getLogger("repro.emulated_worker")
 
-FAULTS = ("malformed", "http500", "hang", "never_healthy")
-MAX_LAG_WALL_S = 0.02
 
-
-@dataclass
-class EmulatorConfig:
-    """Everything one emulated worker needs (written as JSON by the orchestration)."""
-
-    worker_id: int
-    kv_capacity_tokens: int
-    eviction: dict  # conf/eviction/<name>.yaml content ({"name": "rlt", "granularity": "node"})
-    seed: int  # the eviction policy's seed (the simulator's SeedPlan.workers[i])
-    model: dict  # conf/model/<m>.yaml
-    hardware: dict  # conf/hardware/<g>.yaml
-    scheduler: dict = field(default_factory=dict)  # cluster.scheduler (repro.sim SchedulerConfig keys)
-    time_scale: float = 1.0
-    startup_delay_s: float = 0.0  # /health answers 503 for this long after start (wall seconds)
-    fault: Any = None  # test hooks, see the module docstring
-    tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
-
-    def __post_init__(self) -> None:
-        if isinstance(self.kv_capacity_tokens, bool) or not isinstance(self.kv_capacity_tokens, int) or (
-            self.kv_capacity_tokens < 1
-        ):
-            raise ValueError(f"kv_capacity_tokens must be a positive integer, got {self.kv_capacity_tokens!r}")
-        if not (isinstance(self.time_scale, (int, float)) and math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale!r}")
-        if not isinstance(self.eviction, dict) or not self.eviction.get("name"):
-            raise ValueError(f"eviction must be a mapping with a 'name', got {self.eviction!r}")
-        f = self.fault
-        if f is not None and f not in FAULTS and not (
-            isinstance(f, dict) and set(f) == {"exit_after_requests"} and int(f["exit_after_requests"]) >= 1
-        ):
-            raise ValueError(f"fault must be null, one of {FAULTS} or {{exit_after_requests: N}}, got {f!r}")
-
-    @classmethod
-    def from_json(cls, path: str) -> "EmulatorConfig":
-        with open(path) as fh:
-            data = json.load(fh)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown emulated-worker keys {unknown}; known: {sorted(known)}")
-        return cls(**data)
-
-
-def _growing_table():
-    """A repro.sim RequestTable that grows as requests arrive over HTTP."""
-    from repro.sim.worker import RequestTable
-
-    class GrowingRequestTable(RequestTable):
-        __slots__ = ()
-
-        def __init__(self) -> None:
-            super().__init__([])
-
-        def add(self, request) -> int:
-            i = self.n
-            prompt = np.ascontiguousarray(request.prompt_tokens, dtype=np.int32)
-            self.requests.append(request)
-            self.arrival_s.append(float(request.arrival_s))
-            self.prompt_tokens.append(prompt)
-            self.prompt_key.append(prompt.tobytes())
-            self.prompt_len.append(len(prompt))
-            self.output_len.append(int(request.output_len))
-            for name, value in (
-                ("worker", -1),
-                ("first_token_s", math.nan),
-                ("finish_s", math.nan),
-                ("cached_tokens", 0),
-                ("compute_start", 0),
-                ("compute_len", 0),
-                ("prefilled", 0),
-                ("lock_node", None),
-                ("est_hit", 0),
-                ("peek_len", 0),
-                ("peek_version", -1),
-            ):
-                getattr(self, name).append(value)
-            self.n = i + 1
-            return i
-
-    return GrowingRequestTable()
-
-
-class _Stream:
-    __slots__ = ("rid", "queue", "emitted", "output_ids", "open")
-
-    def __init__(self, rid: str, output_ids: np.ndarray):
-        self.rid = rid
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.emitted = 0
-        self.output_ids = output_ids
-        self.open = True
-
-
-class EmulatedWorker:
-    """One emulated worker: the HTTP app plus the real-time loop around a SimWorker."""
+class EmulatedWorker(RealTimeWorker):
+    """One emulated worker: SGLang's HTTP surface in front of a RealTimeWorker."""
 
     def __init__(self, cfg: EmulatorConfig, cost_model: Any = None):
-        from repro.kvcache import make_cache
-        from repro.sim.worker import SchedulerConfig, SimWorker
-
-        self.cfg = cfg
-        if cost_model is None:
-            from repro.costmodel import StepCostModel
-
-            cost_model = StepCostModel.from_config(cfg.model, cfg.hardware)
-        self.cost_model = cost_model
-        self.time_scale = float(cfg.time_scale)
-        self.cache = make_cache(int(cfg.kv_capacity_tokens), dict(cfg.eviction), int(cfg.seed))
-        self.table = _growing_table()
-        self.sim = SimWorker(
-            int(cfg.worker_id),
-            self.cache,
-            cost_model,
-            SchedulerConfig.from_config(cfg.scheduler),
-            self.table,
-            str(cfg.eviction["name"]),
-            observer=self._observe,
-        )
-        self.streams: dict[int, _Stream] = {}
-        self.running: list[int] = []  # first token emitted, not finished (the decode batch)
-        self._step_info = None
-        self._wake: asyncio.Event | None = None
-        self._loop_task: asyncio.Task | None = None
-        self._t0_wall = 0.0
-        self._clock = 0.0  # emulated seconds: end of the last step
-        self._started_wall = 0.0
+        super().__init__(cfg, cost_model)
         self.requests_received = 0
-        self.requests_finished = 0
-        self.scheduler_error: BaseException | None = None
         self._runner = None
         self.port: int | None = None
-        self._tokenizer = None
 
-    # ------------------------------------------------------------------ clock
-    def now(self) -> float:
-        """Emulated seconds since start (wall x time_scale)."""
-        return (asyncio.get_running_loop().time() - self._t0_wall) * self.time_scale
-
-    def _wall_at(self, emulated_s: float) -> float:
-        return self._t0_wall + emulated_s / self.time_scale
-
-    # ------------------------------------------------------------------ scheduler
-    def _observe(self, event: str, worker: Any, info: Any) -> None:
-        if event == "start":
-            self._step_info = info
-
-    def _has_work(self) -> bool:
-        s = self.sim
-        return bool(s.waiting) or s.chunked >= 0 or s.n_running > 0
-
-    async def _scheduler_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        sim = self.sim
-        try:
-            while True:
-                if not self._has_work():
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                now = self.now()
-                # Back-to-back steps while busy; a debt of more than MAX_LAG_WALL_S of wall time
-                # (the process was starved) is forgiven rather than repaid in a burst.
-                start = self._clock if now - self._clock <= MAX_LAG_WALL_S * self.time_scale else now
-                dur = sim.start_step(start)
-                if dur < 0:  # work that cannot be scheduled yet (cannot happen with validated sizes)
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                info = self._step_info
-                end = start + dur
-                delay = self._wall_at(end) - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    await asyncio.sleep(0)  # let the HTTP handlers run between back-to-back steps
-                done = sim.end_step(end)
-                self._clock = end
-                self._emit(info, done)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # a broken invariant: fail every open request loudly
-            log.exception("emulated worker %d: scheduler failed", self.cfg.worker_id)
-            self.scheduler_error = exc
-            for st in self.streams.values():
-                st.queue.put_nowait(exc)
-
-    def _event(self, i: int, st: _Stream, finished: bool) -> dict:
-        k = st.emitted
-        meta = {
-            "id": st.rid,
-            "finish_reason": {"type": "length", "length": k} if finished else None,
-            "prompt_tokens": self.table.prompt_len[i],
-            "completion_tokens": k,
-            "cached_tokens": int(self.table.cached_tokens[i]),
-        }
-        return {"text": "", "output_ids": st.output_ids[:k].tolist(), "meta_info": meta}
-
-    def _emit(self, info: Any, done: list[int]) -> None:
-        finished = set(done)
-        t = self.table
-        if info is not None and info.prefill:
-            advanced = [i for i, _ in info.prefill if not math.isnan(t.first_token_s[i])
-                        and self.streams[i].emitted == 0]
-        else:
-            advanced = list(self.running)
-        for i in advanced:
-            st = self.streams[i]
-            st.emitted += 1
-            is_done = i in finished
-            if st.emitted == 1 and not is_done:
-                self.running.append(i)
-            st.queue.put_nowait(self._event(i, st, is_done))
-        if finished:
-            self.running = [i for i in self.running if i not in finished]
-            for i in done:
-                self.streams.pop(i, None)
-                self.requests_finished += 1
-        if len(self.running) != self.sim.n_running:  # the SimWorker and this loop disagree
-            raise RuntimeError(
-                f"emulated worker {self.cfg.worker_id}: {len(self.running)} streams decoding, "
-                f"scheduler says {self.sim.n_running}"
-            )
-
-    # ------------------------------------------------------------------ admission
-    def _output_ids(self, index: int, n: int, reference: np.ndarray | None) -> np.ndarray:
-        out = np.empty(n, dtype=np.int32)
-        k = 0
-        if reference is not None:
-            k = min(n, len(reference))
-            out[:k] = reference[:k]
-        if k < n:
-            rng = np.random.default_rng([int(self.cfg.seed) % (2**63), index])
-            out[k:] = rng.integers(0, 128_000, n - k, dtype=np.int32)
-        return out
-
-    def _prompt_ids(self, inp: protocol.GenerateInput) -> np.ndarray:
-        if inp.input_ids is not None:
-            return inp.input_ids
-        if self._tokenizer is None:  # the cell's tokenizer, as the simulator's workload used
-            from repro.workloads.tokenizer import make_tokenizer
-
-            self._tokenizer = make_tokenizer(self.cfg.tokenizer)
-        ids = np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
-        if len(ids) == 0:
-            raise protocol.ProtocolError("text encodes to zero tokens")
-        return ids
-
-    def submit(self, inp: protocol.GenerateInput) -> tuple[int, _Stream]:
-        """Queue one request on the scheduler; returns (index, its stream)."""
-        if self.scheduler_error is not None:
-            raise RuntimeError(f"scheduler failed: {self.scheduler_error!r}")
-        prompt = self._prompt_ids(inp)
-        n_out = inp.max_new_tokens
-        need = len(prompt) + n_out
-        if need > self.sim.max_request_kv_tokens:  # capacity - 2 under SGLang's exact admission rule
-            raise protocol.ProtocolError(
-                f"the request needs {len(prompt)} prompt + {n_out} output = {need} KV tokens, "
-                f"more than this worker can admit ({self.sim.max_request_kv_tokens} of its "
-                f"{self.sim.capacity} tokens of KV cache)"
-            )
-        index = self.table.n
-        out = self._output_ids(index, n_out, inp.reference_output_ids)
-        req = Request(index, self.now(), prompt, n_out, out, 0, 0, 0, None)
-        i = self.table.add(req)
-        rid = inp.rid or f"emu{self.cfg.worker_id}-{i}"
-        st = _Stream(rid, out)
-        self.streams[i] = st
-        self.table.worker[i] = self.cfg.worker_id
-        if not self._has_work():
-            # An idle worker's clock catches up with the wall clock before the new work starts.
-            self._clock = max(self._clock, self.now())
-        self.sim.enqueue(i)
-        self._wake.set()
-        return i, st
-
-    # ------------------------------------------------------------------ HTTP
     def _healthy(self) -> bool:
         loop = asyncio.get_running_loop()
         if self.cfg.fault == "never_healthy" or self.scheduler_error is not None:
@@ -480,20 +202,12 @@ class EmulatedWorker:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start serving; returns the bound port."""
-        loop = asyncio.get_running_loop()
-        self._t0_wall = self._started_wall = loop.time()
-        self._wake = asyncio.Event()
-        self._loop_task = asyncio.create_task(self._scheduler_loop())
+        self.start_scheduler()
         self._runner, self.port = await protocol.serve_app(self.make_app(), host, port, shutdown_timeout=1.0)
         return self.port
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self.stop_scheduler()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -512,10 +226,7 @@ def _jsonable(obj: Any) -> Any:
 
 async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
     worker = EmulatedWorker(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = cli.stop_event()
     bound = await worker.start(host, port)
     log.info(
         "emulated worker %d serving on http://%s:%d (capacity %d tokens, eviction %s, time_scale %g)",
@@ -526,21 +237,12 @@ async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="JSON file with EmulatorConfig keys")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args(argv)
-    protocol.raise_open_file_limit()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    try:
-        cfg = EmulatorConfig.from_json(args.config)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"emulated worker: bad config {args.config}: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_serve(cfg, args.host, args.port))
-    return 0
+    return cli.server_main(argv, module="repro.backends.sglang.emulated_worker", what="emulated worker",
+                           description=__doc__.splitlines()[0], config_help="JSON file with EmulatorConfig keys",
+                           load=EmulatorConfig.from_json, serve=_serve)
 
+
+__all__ = ["FAULTS", "EmulatedWorker", "EmulatorConfig", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

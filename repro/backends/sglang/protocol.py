@@ -127,6 +127,29 @@ def parse_generate_request(body: Any) -> GenerateInput:
     return GenerateInput(input_ids, text, int(max_new), stream, rid, reference, body)
 
 
+class PromptIds:
+    """Prompt token ids of a parsed request: its `input_ids`, else its `text` through the cell's
+    tokenizer (workload.tokenizer; None = the default), made on first use. The router service
+    (routing-only ids) and the emulated worker (what it runs) both tokenize with this, so a text
+    request gets the same ids in both; text that encodes to no token is a ProtocolError (-> 400)."""
+
+    def __init__(self, tokenizer: dict | None = None):
+        self.tokenizer_cfg = tokenizer
+        self._tokenizer = None
+
+    def __call__(self, inp: GenerateInput) -> np.ndarray:
+        if inp.input_ids is not None:
+            return inp.input_ids
+        if self._tokenizer is None:
+            from repro.workloads.tokenizer import make_tokenizer
+
+            self._tokenizer = make_tokenizer(self.tokenizer_cfg)
+        ids = np.asarray(self._tokenizer.encode(inp.text), dtype=np.int32)
+        if len(ids) == 0:
+            raise ProtocolError(f"text {_short(inp.text, 60)!r} encodes to zero tokens: nothing to prefill")
+        return ids
+
+
 def _reference_output_ids(labels: Any) -> np.ndarray | None:
     if labels is None:
         return None

@@ -1,0 +1,81 @@
+"""Request bodies -> (parsed /generate request, prompt ids for routing), on or off the event loop.
+
+Bodies up to INLINE_PARSE_BYTES are parsed on the event loop (~1 ms). Bigger ones go to one
+parser process (spawned on the first such body, or at start by `warm`): JSON decoding and the
+tokenizer's regex are C code that holds the GIL, so a thread would still stall small requests
+(~0.1 s for a 4 MB text prompt); big bodies queue behind each other, never in front of small ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+
+from repro.backends.sglang import protocol
+
+INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (~1 ms of work)
+
+
+class RequestParser:
+    """Parses and tokenizes exactly the same way in the service and in its parser process."""
+
+    def __init__(self, tokenizer: dict | None = None):
+        self.prompt_ids = protocol.PromptIds(tokenizer)  # text requests: the cell's tokenizer
+
+    def parse(self, raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
+        """ProtocolError (-> 400) names the problem."""
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise protocol.ProtocolError(f"body is not JSON: {exc}") from None
+        except RecursionError:
+            raise protocol.ProtocolError("body is not acceptable JSON: nested too deeply") from None
+        protocol.check_known_keys(body)
+        inp = protocol.parse_generate_request(body)
+        return inp, self.prompt_ids(inp)
+
+
+class ParserPool:
+    """The one parser process for big bodies, started on first use; `reset()` after it died."""
+
+    def __init__(self, tokenizer: dict | None = None):
+        self.tokenizer = tokenizer
+        self._pool = None
+
+    def get(self):
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_parser_init, initargs=(self.tokenizer,))
+        return self._pool
+
+    def warm(self) -> None:
+        """Start the process now (it imports for ~0.5 s), not on the first big body."""
+        self.get().submit(parse_in_child, b'{"input_ids": [1]}')
+
+    def reset(self) -> None:
+        self._pool = None
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_PARSER: RequestParser | None = None  # in the parser process
+
+
+def _parser_init(tokenizer: dict | None) -> None:
+    global _PARSER
+    _PARSER = RequestParser(tokenizer)
+
+
+def parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
+    inp, ids = _PARSER.parse(raw)
+    return dataclasses.replace(inp, body={}), ids  # the body is not needed back (and may be megabytes)
+
+
+__all__ = ["INLINE_PARSE_BYTES", "ParserPool", "RequestParser", "parse_in_child"]
