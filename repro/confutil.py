@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import OmegaConf
+
+# The checkout (or the editable install's source tree) and its Hydra config root: every composer uses these.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = PROJECT_ROOT / "conf"
 
 
 def to_plain(node: Any) -> Any:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from repro import confutil
 import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
 from repro.harness.argv import PreparedArgv, prepare_argv
 
@@ -97,7 +97,7 @@ def _run_grid(cfg: DictConfig) -> int:
 
 
 # Absolute, so that the app finds conf/ both as `python -m repro.run` and when main() is imported.
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(confutil.CONF_DIR)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

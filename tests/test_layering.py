@@ -60,13 +60,6 @@ INTERFACE_EXEMPT = {"analysis"}
 PENDING: dict[tuple[str, str], str] = {
     ("repro.sim.cluster", "repro.backends.base"): "RECORD_COLUMNS moves to repro.metrics (assembly branch)",
     ("repro.harness.validate", "repro.sim.cluster"): "validation builds cells via repro.backends.assembly (assembly branch)",
-    ("repro.routing.lbgr_diagnostics", "repro.backends.sim"): "diagnostics move to repro/analysis (routing branch)",
-    ("repro.routing.lbgr_diagnostics", "repro.harness.compose"): "diagnostics move to repro/analysis (routing branch)",
-    ("repro.routing.lbgr_diagnostics", "repro.harness.schema"): "diagnostics move to repro/analysis (routing branch)",
-    ("repro.routing.lbgr_diagnostics", "repro.metrics.summary"): "diagnostics move to repro/analysis (routing branch)",
-    ("repro.theory.competitive_ratio", "repro.figures.thm_competitive_ratio"): "plotting moves out of theory (figures branch)",
-    ("repro.backends.sglang.router_service", "repro.routing.lbgr"): "tracker_access from repro.routing.trackers (live branch)",
-    ("repro.harness.batch", "repro.run"): "CONF_DIR belongs below the entry point (no branch yet: conf owns both files)",
 }
 
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from repro.confutil import CONF_DIR
+
 
 
 def compose_cell(overrides: Sequence[str]):

@@ -22,10 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+from repro.confutil import CONF_DIR
 from repro.figures import ARTEFACTS, ArtefactUnavailable, artefact, experiment_of
 from repro.figures.load import ResultsError, memoized_loads
 
-CONF_EXP = Path(__file__).resolve().parent.parent.parent / "conf" / "exp"
+CONF_EXP = CONF_DIR / "exp"
 
 
 def parse(argv) -> argparse.Namespace:

@@ -101,7 +101,7 @@ def run_experiments(
     from hydra.core.global_hydra import GlobalHydra
 
     import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
-    from repro.run import CONF_DIR
+    from repro.confutil import CONF_DIR
 
     out, err = out or sys.stdout, err or sys.stderr
     memo = _Memo()
@@ -118,7 +118,7 @@ def run_experiments(
         # one numbering over all experiments (the pool keys outcomes by index); labels stay
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             composer = GridComposer("config")
             for exp in exps:
                 p = _plan(exp, overrides, composer, memo)

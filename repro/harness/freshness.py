@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from repro.confutil import PROJECT_ROOT
 from repro.results import fingerprint as fp
 from repro.results.store import SUMMARY
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Modules that write a cell's files from the backend's result (their code decides the bytes).
 WRITER_MODULES = ("repro.metrics", "repro.results.store")
 # Never change a number: not followed when collecting the closure.

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from repro.confutil import CONF_DIR
 from repro.workloads.base import Workload, build_workload
 from repro.workloads.request import Request
 
@@ -182,8 +183,7 @@ def format_stats(s: dict) -> str:
 
 def conf_dir() -> Path:
     """The repository's conf/ (next to the package), else ./conf."""
-    here = Path(__file__).resolve().parents[2] / "conf"
-    return here if (here / "workload").is_dir() else Path.cwd() / "conf"
+    return CONF_DIR if (CONF_DIR / "workload").is_dir() else Path.cwd() / "conf"
 
 
 def compose_workload_config(overrides: Sequence[str]):
