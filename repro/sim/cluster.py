@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
 
 if TYPE_CHECKING:  # pragma: no cover
