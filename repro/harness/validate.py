@@ -24,8 +24,8 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from repro.backends import UnknownBackendError, assembly, backend_module_path
-from repro.confutil import get_path
 from repro.backends.assembly import SchedulerConfig
+from repro.confutil import get_path
 
 ORDERS = ("random", "round_robin", "trace")  # trace: trace workloads only (mooncake; its spec checks)
 TRACKING_MODES = ("offline", "online", "disabled")
