@@ -17,6 +17,10 @@ and may expose
         The result-affecting part of the cell config, if not the whole config (the run
         signature hashes it). Default: the whole resolved config.
 
+A serving backend puts its cell together with repro.backends.assembly (seeds, KV capacities,
+scheduler, step-cost model, workload, caches, router, provenance), the same code validation
+uses to check a cell without running it.
+
 Modules are imported lazily, so `sglang` (several GB, GPU nodes only) is never imported
 unless a cell asks for it. A name that contains a dot is taken as an importable module path
 ("pkg.module") or "pkg.module:function" — for out-of-tree backends and the test fakes.

@@ -6,19 +6,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-# Columns of requests.parquet, in order (ARCHITECTURE.md "Result files").
-RECORD_COLUMNS: tuple[str, ...] = (
-    "id",
-    "worker",
-    "arrival_s",
-    "first_token_s",
-    "finish_s",
-    "prompt_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "group",
-    "failed",
-)
+# The record columns live with the metrics that read them (repro.metrics.RECORD_COLUMNS); the
+# name is re-exported here for callers that still import it from the backend contract.
+from repro.metrics import RECORD_COLUMNS  # noqa: F401
 
 
 @dataclass

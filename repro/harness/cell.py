@@ -180,7 +180,7 @@ def current_state(store: CellStore, cfg: Mapping, keep_stale: bool) -> tuple[str
 def _records_frame(records: Any):
     import pandas as pd
 
-    from repro.backends.base import RECORD_COLUMNS
+    from repro.metrics import RECORD_COLUMNS
 
     if not isinstance(records, pd.DataFrame):
         raise TypeError(f"backend returned records of type {type(records).__name__}, expected a pandas DataFrame")

@@ -7,7 +7,8 @@ value of the wrong type (`cluster.num_workers=four`) fails while composing, befo
 runs. `optional` keeps plain compositions of conf/ (other modules' tests) working without
 the harness.
 
-Strict where the contract fixes the keys (top level, cluster, scheduler, tracking); open
+Strict where the contract fixes the keys (top level, cluster, scheduler, tracking); the
+scheduler's fields and defaults are those of repro.sim.SchedulerConfig (defined once there). Open
 mappings where each group option has its own keys (model, hardware, workload, router,
 eviction, backend) — their values are checked by repro.harness.validate and by the
 components themselves. Value ranges (rate > 0, workers >= 1, ...) are checked in validate,
@@ -16,26 +17,27 @@ which also re-merges the final config into this schema to catch keys added with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+
+from repro.backends.assembly import SchedulerConfig
 
 SCHEMA_GROUP = "schema"
 SCHEMA_NAME = "repro"
 
 
-@dataclass
-class SchedulerSchema:
-    schedule_policy: str = "lpm"  # SGLang: lpm | fcfs
-    max_running_requests: int = 256
-    max_prefill_tokens: int = 16384
-    chunked_prefill_size: Optional[int] = 8192  # null or -1: no chunking
-    lpm_max_queue: int = 128  # lpm falls back to fcfs above this queue length (SGLang's constant)
-    in_batch_prefix_caching: bool = True  # SGLang's in-batch prefix deprioritisation (repro/sim/worker.py)
-    lpm_rank_access: str = "match"  # match | peek: lpm ranking touches recency like SGLang's match_prefix
-    exact_budgets: bool = True  # SGLang's admission arithmetic and persistent queue order
-    chunk_insertion: str = "per_chunk"  # per_chunk | whole: a prompt enters the tree as far as it is prefilled
+def _schema_of(cls: type, name: str) -> type:
+    """A mutable structured-config twin of the frozen dataclass `cls`: same fields, types and
+    defaults (so the defaults live once, in `cls`), without its checks (validate runs them)."""
+    hints = typing.get_type_hints(cls)
+    return make_dataclass(name, [(f.name, hints[f.name], field(default=f.default)) for f in fields(cls)])
+
+
+# cluster.scheduler: the fields and defaults of repro.sim.SchedulerConfig (the one source)
+SchedulerSchema = _schema_of(SchedulerConfig, "SchedulerSchema")
 
 
 @dataclass

@@ -5,12 +5,14 @@ Three layers, cheapest first, all on the resolved config of each cell:
    with `+` and wrong types that slipped past composition);
 2. values: ranges and choices the contract fixes (workers >= 1, rate > 0, 0 < mem_fraction
    <= 1, known backend, scheduler policy, ...);
-3. deep (`deep=True`): build what the cell would build, minus the run — the router
-   (`hydra.utils.instantiate(cfg.router)`), the eviction policy (repro.kvcache.make_cache),
-   the step-cost model, the per-worker KV capacity, and the workload
-   (`build_workload(cfg.workload, cfg.seed)`, whose `max_request_tokens` must fit one
-   worker's cache: "cache smaller than one request"). Each distinct sub-config is built once.
-   A component that cannot be imported is an error of the cells that use it.
+3. deep (`deep=True`): the backend's own checks (`validate_cell`), then, for serving backends,
+   the cell's parts built by the cell assembly exactly as a run builds them, minus the run
+   (repro.backends.assembly.check_cell: the router, its keys checked against its `_target_`'s
+   constructor; the step-cost model; the per-worker KV capacities; a cache with the eviction
+   policy; the workload with the cell's own seed, whose `max_request_tokens` must fit one
+   worker's cache: "cache smaller than one request"). Each distinct sub-config is built once
+   per sweep (assembly.Memo). A component that cannot be imported is an error of the cells
+   that use it.
 
 All problems of all cells are gathered into one ConfigError, grouped by message.
 """
@@ -18,14 +20,13 @@ All problems of all cells are gathered into one ConfigError, grouped by message.
 from __future__ import annotations
 
 import functools
-import json
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from repro.backends import UnknownBackendError, backend_module_path
+from repro.backends import UnknownBackendError, assembly, backend_module_path
+from repro.backends.assembly import SchedulerConfig
 from repro.confutil import get_path
 
-SCHEDULE_POLICIES = ("lpm", "fcfs")
 ORDERS = ("random", "round_robin", "trace")  # trace: trace workloads only (mooncake; its spec checks)
 TRACKING_MODES = ("offline", "online", "disabled")
 EVICTION_GRANULARITIES = ("node", "token")
@@ -111,19 +112,12 @@ def value_errors(cfg: Mapping) -> list[str]:
         )
     else:
         need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
-    sp = get_path(cfg, "cluster.scheduler.schedule_policy")
-    need(
-        sp in SCHEDULE_POLICIES,
-        f"cluster.scheduler.schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)} (got {sp!r})",
-    )
-    for key in ("max_running_requests", "max_prefill_tokens"):
-        v = get_path(cfg, f"cluster.scheduler.{key}")
-        need(_is_int(v) and v >= 1, f"cluster.scheduler.{key} must be an integer >= 1 (got {v!r})")
-    chunk = get_path(cfg, "cluster.scheduler.chunked_prefill_size")
-    need(
-        chunk is None or chunk == -1 or (_is_int(chunk) and chunk >= 1),
-        f"cluster.scheduler.chunked_prefill_size must be >= 1, or -1/null for no chunking (got {chunk!r})",
-    )
+    sched = get_path(cfg, "cluster.scheduler")
+    if sched is not None and not isinstance(sched, Mapping):
+        errs.append(f"cluster.scheduler must be a mapping (got {sched!r})")
+    else:  # unknown keys are the schema's to report
+        errs.extend(SchedulerConfig.problems({k: v for k, v in (sched or {}).items()
+                                              if k in SchedulerConfig.__dataclass_fields__}))
 
     wl = cfg.get("workload")
     if not isinstance(wl, Mapping) or not wl:
@@ -147,57 +141,32 @@ def value_errors(cfg: Mapping) -> list[str]:
         isinstance(router, Mapping) and bool(router.get("_target_")),
         "router is missing or has no _target_ (choose policy=<name>, see conf/policy/)",
     )
-    ev = cfg.get("eviction")
-    if not isinstance(ev, Mapping) or not ev.get("name"):
-        errs.append("eviction is missing or has no name (choose policy=<name>, see conf/policy/)")
-    else:
-        gran = ev.get("granularity")
-        if gran is not None:
-            need(
-                gran in EVICTION_GRANULARITIES,
-                f"eviction.granularity must be one of {', '.join(EVICTION_GRANULARITIES)} (got {gran!r})",
-            )
+    errs.extend(eviction_errors(cfg.get("eviction")))
     return errs
 
 
-class _Memo:
-    """Build each distinct sub-config once across the cells of a sweep."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], Any] = {}
-
-    def get(self, kind: str, key_obj: Any, build: Callable[[], Any]) -> Any:
-        key = (kind, json.dumps(key_obj, sort_keys=True, default=str))
-        if key not in self._seen:
-            try:
-                self._seen[key] = ("ok", build())
-            except Exception as exc:  # reported as the cell's error
-                self._seen[key] = ("error", f"{type(exc).__name__}: {exc}")
-        return self._seen[key]
+def eviction_errors(eviction: Any) -> list[str]:
+    """The cheap checks of the `eviction` node (the one place: the eviction registry's own check
+    replaces this body once it lands); the deep layer then builds a cache with it."""
+    if not isinstance(eviction, Mapping) or not eviction.get("name"):
+        return ["eviction is missing or has no name (choose policy=<name>, see conf/policy/)"]
+    gran = eviction.get("granularity")
+    if gran is not None and gran not in EVICTION_GRANULARITIES:
+        return [f"eviction.granularity must be one of {', '.join(EVICTION_GRANULARITIES)} (got {gran!r})"]
+    return []
 
 
-def _import(module: str, name: str) -> Any:
-    """module.name; a missing module or name is an error of the cell (never "nothing to check")."""
-    import importlib
-
-    obj = getattr(importlib.import_module(module), name, None)
-    if obj is None:
-        raise ImportError(f"{module} has no {name}")
-    return obj
+_Memo = assembly.Memo  # the harness's name for it (batch.py, validate_configs)
 
 
 def workload_seed(seed: int) -> int:
-    """The seed the backends build the workload with (repro.sim.SeedPlan), so that validation checks
-    the very requests a cell will serve and leaves them in the workload disk cache for it."""
-    from repro.sim.cluster import SeedPlan
-
-    return int(SeedPlan.spawn(seed, 1).workload)
+    """The seed the backends build the workload with, so that validation checks the very requests
+    a cell will serve and leaves them in the workload disk cache for it."""
+    return assembly.workload_seed(seed)
 
 
 def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
-    """Build the cell's components without running it (see the module docstring)."""
-    from omegaconf import OmegaConf
-
+    """The backend's own checks, then the cell's parts built without running (module docstring)."""
     memo = memo or _Memo()
     errs: list[str] = []
     backend = get_path(cfg, "backend.name")
@@ -216,68 +185,7 @@ def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
             errs.extend(value)
     if backend in NON_SERVING_BACKENDS:
         return errs
-
-    seed = cfg["seed"]
-
-    def build_router() -> Any:
-        from hydra.utils import instantiate
-
-        return instantiate(OmegaConf.create(dict(cfg["router"])))
-
-    status, value = memo.get("router", cfg["router"], build_router)
-    if status == "error":
-        errs.append(f"router ({cfg['router'].get('_target_')}): cannot be built: {value}")
-
-    model, hardware = cfg.get("model") or {}, cfg.get("hardware") or {}
-
-    def build_cost_model() -> Any:
-        cls = _import("repro.costmodel", "StepCostModel")
-        return cls.from_config(OmegaConf.create(dict(model)), OmegaConf.create(dict(hardware)))
-
-    status, value = memo.get("costmodel", [model, hardware], build_cost_model)
-    if status == "error":
-        errs.append(f"model/hardware: cannot build the step-cost model: {value}")
-
-    kv = get_path(cfg, "cluster.kv_cache_tokens")
-    frac = get_path(cfg, "cluster.mem_fraction")
-
-    def capacity() -> int:  # the smallest worker's cache: every request must fit each worker
-        if isinstance(kv, list):
-            return min(int(v) for v in kv)
-        if kv is not None:
-            return int(kv)
-        fn = _import("repro.costmodel", "kv_capacity_tokens")
-        return int(fn(OmegaConf.create(dict(model)), OmegaConf.create(dict(hardware)), frac))
-
-    cap_status, cap = memo.get("capacity", [model, hardware, frac, kv], capacity)
-    if cap_status == "error":
-        errs.append(f"KV capacity (model {model.get('name')}, {hardware.get('name')}, mem_fraction {frac}): {cap}")
-        cap = None
-
-    def build_eviction() -> Any:
-        make_cache = _import("repro.kvcache", "make_cache")
-        return make_cache(max(int(cap or 0), 1024), OmegaConf.create(dict(cfg["eviction"])), seed)
-
-    status, value = memo.get("eviction", cfg["eviction"], build_eviction)
-    if status == "error":
-        errs.append(f"eviction {dict(cfg['eviction'])}: {value}")
-
-    wl_seed = workload_seed(seed)
-
-    def max_request_tokens() -> int:
-        build_workload = _import("repro.workloads", "build_workload")
-        return int(build_workload(OmegaConf.create(dict(cfg["workload"])), wl_seed).max_request_tokens)
-
-    status, longest = memo.get("workload", [cfg["workload"], wl_seed], max_request_tokens)
-    if status == "error":
-        errs.append(f"workload {cfg['workload'].get('name')}: {longest}")
-    elif status == "ok" and cap is not None and longest > cap:
-        errs.append(
-            f"cache smaller than one request: a worker holds {cap} KV tokens but the longest request of "
-            f"workload {cfg['workload'].get('name')} needs {longest} (prompt + output); raise "
-            f"cluster.kv_cache_tokens / cluster.mem_fraction or shorten the workload"
-        )
-    return errs
+    return errs + assembly.check_cell(cfg, memo)
 
 
 def cell_errors(cfg: Mapping, *, deep: bool = True, memo: _Memo | None = None) -> list[str]:

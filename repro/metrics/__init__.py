@@ -1,8 +1,10 @@
 """Per-request records -> run summary (SGLang bench definitions, ALGORITHMS.md §5).
 
-Never imports wandb or matplotlib.
+`RECORD_COLUMNS`: the record format of every backend (requests.parquet). Never imports wandb or
+matplotlib.
 """
 
+from repro.metrics.records import RECORD_COLUMNS
 from repro.metrics.summary import SUMMARY_KEYS, summarize
 
-__all__ = ["SUMMARY_KEYS", "summarize"]
+__all__ = ["RECORD_COLUMNS", "SUMMARY_KEYS", "summarize"]

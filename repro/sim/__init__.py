@@ -4,17 +4,17 @@
         -> SimResult(records, timings, stats)
 
 `repro.sim.worker` holds the per-worker scheduler (continuous batching; its docstring lists every
-simplification), `repro.sim.cluster` the event loop and the seed plan. The config-driven entry
-point is `repro.backends.sim.run_cell`.
+simplification), `repro.sim.cluster` the event loop. It takes plain seeds and already checked
+requests: the seed plan and the request checks live with the cell assembly
+(repro.backends.assembly). The config-driven entry point is `repro.backends.sim.run_cell`.
 """
 
-from repro.sim.cluster import SeedPlan, SimCluster, SimResult, StateSampler, validate_requests
+from repro.sim.cluster import SimCluster, SimResult, StateSampler
 from repro.sim.worker import RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView, StepInfo
 
 __all__ = [
     "RequestTable",
     "SchedulerConfig",
-    "SeedPlan",
     "SimCluster",
     "SimResult",
     "SimTimings",
@@ -22,5 +22,4 @@ __all__ = [
     "SimWorkerView",
     "StateSampler",
     "StepInfo",
-    "validate_requests",
 ]

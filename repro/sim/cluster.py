@@ -23,64 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.routing.base import Router
     from repro.workloads.request import Request
-
-
-@dataclass(frozen=True)
-class SeedPlan:
-    """Per-component seeds spawned from one run seed, in a fixed order.
-
-    ``np.random.SeedSequence(seed).spawn(2 + M)``: child 0 -> workload, 1 -> router,
-    2 + i -> worker i's eviction policy. A child's seed depends only on (seed, its index),
-    so the workload and router seeds do not change with the number of workers, and nothing
-    depends on the launcher or the process.
-    """
-
-    seed: int
-    workload: int
-    router: int
-    workers: tuple[int, ...]
-
-    @classmethod
-    def spawn(cls, seed: int, num_workers: int) -> "SeedPlan":
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        kids = np.random.SeedSequence(int(seed)).spawn(2 + num_workers)
-        ints = [int(k.generate_state(1, dtype=np.uint64)[0]) for k in kids]
-        return cls(int(seed), ints[0], ints[1], tuple(ints[2:]))
-
-
-def validate_requests(requests: Sequence["Request"], capacities: Sequence[int]) -> None:
-    """Clear errors before any work: ordering, lengths, and requests that can never fit."""
-    if not requests:
-        raise ValueError("the workload has no requests")
-    if min(capacities) < 1:
-        raise ValueError(f"KV capacities must be >= 1 token, got {list(capacities)}")
-    cap = min(capacities)
-    prev = -math.inf
-    seen: set = set()
-    for r in requests:
-        a = float(r.arrival_s)
-        if not math.isfinite(a) or a < prev:
-            raise ValueError(f"request {r.id}: arrival_s {a} is not finite or not sorted (previous {prev})")
-        prev = a
-        if r.id in seen:
-            raise ValueError(f"duplicate request id {r.id}")
-        seen.add(r.id)
-        plen = len(r.prompt_tokens)
-        if plen < 1 or r.output_len < 1:
-            raise ValueError(f"request {r.id}: prompt ({plen}) and output ({r.output_len}) need >= 1 token")
-        if plen + r.output_len > cap:
-            raise ValueError(
-                f"request {r.id} needs {plen} prompt + {r.output_len} output = {plen + r.output_len} KV tokens, "
-                f"more than a worker's whole KV cache ({cap} tokens): raise cluster.kv_cache_tokens / "
-                f"mem_fraction or shorten the workload"
-            )
 
 
 @dataclass
@@ -97,7 +45,9 @@ class SimCluster:
 
     `caches[i]` is worker i's radix cache (repro.kvcache contract), `cost_model` the
     step-cost model (repro.costmodel contract) shared by all workers, `router` a
-    repro.routing.base.Router (reset here with `router_seed`).
+    repro.routing.base.Router (reset here with the plain int `router_seed`). `requests` are
+    taken as valid: sorted by arrival, unique ids, each fitting every cache
+    (repro.backends.assembly.validate_requests checks that before a cell builds anything).
     """
 
     def __init__(
@@ -113,7 +63,8 @@ class SimCluster:
     ):
         if not caches:
             raise ValueError("need at least one worker")
-        validate_requests(requests, [int(c.capacity_tokens) for c in caches])
+        if not requests:
+            raise ValueError("no requests to simulate")
         self.table = RequestTable(requests)
         self.timings = SimTimings()
         self.workers = [

@@ -71,7 +71,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -90,12 +90,16 @@ NO_CHUNK_LIMIT = sys.maxsize
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The scheduler knobs of one worker (SGLang server-arg names and defaults)."""
+    """The scheduler knobs of one worker (SGLang server-arg names and defaults): `cluster.scheduler`.
 
-    schedule_policy: str = "lpm"
+    The one place these defaults live: the config schema (repro.harness.schema) is derived from
+    this class, and conf/config.yaml does not repeat them.
+    """
+
+    schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
-    chunked_prefill_size: int | None = 8192  # None / <= 0: chunked prefill disabled
+    chunked_prefill_size: Optional[int] = 8192  # null / <= 0 (SGLang: -1): chunked prefill disabled
     lpm_max_queue: int = 128  # SGLang: lpm falls back to fcfs above this queue length
     # SGLang-exact switches (module docstring; checked against SGLang's own scheduling code in
     # tests/sglang/test_sched_parity.py):
@@ -107,28 +111,43 @@ class SchedulerConfig:
     chunk_insertion: str = "per_chunk"
 
     def __post_init__(self) -> None:
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(
-                f"scheduler.schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
-            )
+        problems = self.problems(self.__dict__)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @classmethod
+    def problems(cls, values: Mapping[str, Any]) -> list[str]:
+        """Every problem of a `cluster.scheduler` mapping (missing keys default), one message each."""
+        errs: list[str] = []
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            errs.append(f"unknown cluster.scheduler keys {unknown}; known: {sorted(known)}")
+        v = {f: values.get(f, cls.__dataclass_fields__[f].default) for f in known}
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+        def choice(name: str, allowed: Sequence[str]) -> None:
+            if v[name] not in allowed:
+                errs.append(f"cluster.scheduler.{name} must be one of {', '.join(allowed)} (got {v[name]!r})")
+
+        choice("schedule_policy", SCHEDULE_POLICIES)
         for name in ("max_running_requests", "max_prefill_tokens", "lpm_max_queue"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"scheduler.{name} must be a positive integer, got {v!r}")
-        c = self.chunked_prefill_size
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer))):
-            raise ValueError(f"scheduler.chunked_prefill_size must be an integer or null, got {c!r}")
+            if not is_int(v[name]) or v[name] < 1:
+                errs.append(f"cluster.scheduler.{name} must be an integer >= 1 (got {v[name]!r})")
+        c = v["chunked_prefill_size"]
+        if not (c is None or is_int(c)):  # like SGLang, <= 0 (e.g. -1) turns chunking off
+            errs.append(f"cluster.scheduler.chunked_prefill_size must be an integer, or null / <= 0 for no "
+                        f"chunking (got {c!r})")
         for name in ("in_batch_prefix_caching", "exact_budgets"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"scheduler.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.lpm_rank_access not in LPM_RANK_ACCESS:
-            raise ValueError(f"scheduler.lpm_rank_access must be one of {LPM_RANK_ACCESS}, got {self.lpm_rank_access!r}")
-        if self.chunk_insertion not in CHUNK_INSERTION:
-            raise ValueError(
-                f"scheduler.chunk_insertion must be one of {CHUNK_INSERTION}, got {self.chunk_insertion!r}"
-            )
-        if self.chunk_insertion == "per_chunk" and not self.exact_budgets:
-            raise ValueError("scheduler.chunk_insertion: per_chunk needs scheduler.exact_budgets: true")
+            if not isinstance(v[name], bool):
+                errs.append(f"cluster.scheduler.{name} must be true or false (got {v[name]!r})")
+        choice("lpm_rank_access", LPM_RANK_ACCESS)
+        choice("chunk_insertion", CHUNK_INSERTION)
+        if v["chunk_insertion"] == "per_chunk" and v["exact_budgets"] is False:
+            errs.append("cluster.scheduler.chunk_insertion: per_chunk needs cluster.scheduler.exact_budgets: true")
+        return errs
 
     @property
     def chunk_limit(self) -> int:
@@ -139,10 +158,9 @@ class SchedulerConfig:
     def from_config(cls, cfg: Mapping[str, Any] | None) -> "SchedulerConfig":
         """From `cluster.scheduler` (a mapping); unknown keys are an error, missing ones default."""
         cfg = dict(cfg or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"unknown cluster.scheduler keys {unknown}; known: {sorted(known)}")
+        problems = cls.problems(cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
         return cls(**cfg)
 
 

@@ -35,7 +35,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from repro.sim.cluster import SeedPlan, SimCluster  # noqa: E402
+from repro.backends.assembly import SeedPlan, build_router  # noqa: E402
+from repro.sim.cluster import SimCluster  # noqa: E402
 from repro.sim.worker import SchedulerConfig  # noqa: E402
 from tests.sim import sim_fakes  # noqa: E402
 
@@ -104,7 +105,6 @@ def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
     """The cell's parts: requests, cost model, cache and router factories, capacity, seeds, what was used.
 
     The real packages only: a missing one is an error, not a silent fake."""
-    import hydra.utils
     from omegaconf import OmegaConf
 
     import repro.costmodel as costmodel
@@ -128,7 +128,7 @@ def build_parts(n_queries: int, seed: int, router_name: str, eviction: str):
     make_cache = lambda cap, s: kvcache.make_cache(cap, ecfg, s)  # noqa: E731
     used["cache"] = f"repro.kvcache (conf/eviction/{eviction}.yaml, granularity {ecfg.get('granularity')})"
     rcfg = OmegaConf.load(conf / "router" / f"{router_name}.yaml")
-    make_router = lambda: hydra.utils.instantiate(rcfg)  # noqa: E731
+    make_router = lambda: build_router(rcfg)  # noqa: E731
     make_router()
     used["router"] = f"conf/router/{router_name}.yaml"
     return SimpleNamespace(requests=reqs, cost=cost, make_cache=make_cache, make_router=make_router,

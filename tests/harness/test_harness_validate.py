@@ -72,6 +72,8 @@ def test_good_config_has_no_errors(good_cfg):
         ("cluster.kv_cache_tokens", [4096, 0], "needs one integer >= 1 per worker (2)"),
         ("cluster.scheduler.schedule_policy", "lifo", "schedule_policy must be one of lpm, fcfs"),
         ("cluster.scheduler.max_running_requests", 0, "max_running_requests must be an integer >= 1"),
+        ("cluster.scheduler.lpm_max_queue", 0, "lpm_max_queue must be an integer >= 1"),
+        ("cluster.scheduler.chunk_insertion", "eager", "chunk_insertion must be one of whole, per_chunk"),
         ("workload.num_queries", 0, "workload.num_queries must be an integer >= 1"),
         ("workload.output_len", 0, "workload.output_len must be an integer >= 1"),
         ("workload.order", "sorted", "workload.order must be one of random, round_robin"),
@@ -85,6 +87,13 @@ def test_good_config_has_no_errors(good_cfg):
 def test_bad_values(good_cfg, key, value, fragment):
     errs = value_errors(with_(good_cfg, key, value))
     assert any(fragment in e for e in errs), errs
+
+
+def test_every_scheduler_problem_is_listed(good_cfg):
+    cfg = with_(with_(good_cfg, "cluster.scheduler.schedule_policy", "lifo"), "cluster.scheduler.max_prefill_tokens", 0)
+    errs = value_errors(cfg)
+    assert any("schedule_policy must be one of lpm, fcfs (got 'lifo')" in e for e in errs), errs
+    assert any("max_prefill_tokens must be an integer >= 1 (got 0)" in e for e in errs), errs
 
 
 def test_schema_rejects_added_keys_and_wrong_types(good_cfg):
@@ -132,6 +141,8 @@ def test_unknown_policy_is_reported_with_the_options():
 def test_router_that_cannot_be_built(good_cfg):
     errs = deep_errors(with_(good_cfg, "router.no_such_knob", 1))
     assert any("router (repro.routing.RandomRouter): cannot be built" in e and "no_such_knob" in e for e in errs), errs
+    # checked against the constructor's signature: the message says what the router takes
+    assert any("unknown keys ['no_such_knob']: RandomRouter takes ['name']" in e for e in errs), errs
     errs = deep_errors(with_(good_cfg, "router._target_", "repro.routing.NoSuchRouter"))
     assert any("NoSuchRouter" in e for e in errs), errs
 

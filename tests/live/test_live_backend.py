@@ -156,29 +156,23 @@ def _sim_hit_rates_with_jitter(cfg, runs: int = 5, jitter_s: float = 0.02) -> li
     x time_scale on the emulated clock)."""
     import dataclasses
 
-    import hydra.utils
     import numpy as np
 
-    from repro.backends.sim import kv_capacities
-    from repro.costmodel import StepCostModel
-    from repro.kvcache import make_cache
+    from repro.backends import assembly
     from repro.metrics.summary import summarize
-    from repro.sim import SchedulerConfig, SeedPlan, SimCluster
-    from repro.workloads import build_workload
+    from repro.sim import SimCluster
 
-    m = int(cfg.cluster.num_workers)
-    seeds = SeedPlan.spawn(cfg.seed, m)
-    requests = build_workload(cfg.workload, seeds.workload).requests
-    caps = kv_capacities(cfg, m)
-    cost = StepCostModel.from_config(cfg.model, cfg.hardware)
+    requests = assembly.assemble(cfg, components=False).requests
     out = []
     for j in range(runs):
         rng = np.random.default_rng(1000 + j)
         moved = sorted((dataclasses.replace(r, arrival_s=r.arrival_s + abs(rng.normal(0.0, jitter_s)))
                         for r in requests), key=lambda r: r.arrival_s)
-        caches = [make_cache(c, cfg.eviction, s) for c, s in zip(caps, seeds.workers)]
-        sim = SimCluster(moved, caches, cost, hydra.utils.instantiate(cfg.router),
-                         SchedulerConfig.from_config(cfg.cluster.scheduler), cfg.eviction.name, seeds.router)
+        cell = assembly.assemble(cfg)  # fresh caches and router for each run
+        plan = cell.plan
+        assembly.validate_requests(moved, plan.capacities)
+        sim = SimCluster(moved, cell.caches, cell.cost_model, cell.router, plan.scheduler, plan.eviction_name,
+                         plan.seeds.router)
         out.append(summarize(sim.run().records)["hit_rate"])
     return out
 

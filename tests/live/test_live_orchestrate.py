@@ -133,7 +133,7 @@ def _cfg(num_workers=2, emulate=True, **backend):
 
 def _seeds(m):
     need_parts()
-    from repro.sim.cluster import SeedPlan
+    from repro.backends.assembly import SeedPlan
 
     return SeedPlan.spawn(0, m)
 

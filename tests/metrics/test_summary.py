@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from repro.metrics import SUMMARY_KEYS, summarize
 
 

@@ -54,7 +54,7 @@ def sharegpt(n: int = 48):
 
 
 def seeds(m: int):
-    from repro.sim.cluster import SeedPlan
+    from repro.backends.assembly import SeedPlan
 
     return SeedPlan.spawn(0, m)
 

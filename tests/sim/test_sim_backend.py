@@ -16,9 +16,10 @@ from omegaconf import OmegaConf
 import repro.costmodel
 import repro.kvcache
 import repro.workloads
-from repro.backends.base import RECORD_COLUMNS, CellResult
+from repro.backends.base import CellResult
+from repro.metrics import RECORD_COLUMNS
 from repro.backends.sim import run_cell
-from repro.sim.cluster import SeedPlan
+from repro.backends.assembly import SeedPlan
 from tests.sim.sim_fakes import FixedCostModel, TrieCache, gsp_requests
 
 CALLS: dict = {}

@@ -44,7 +44,7 @@ def test_default_is_per_chunk_and_bad_values_are_errors():
     assert SchedulerConfig().chunk_insertion == "per_chunk"
     with pytest.raises(ValueError, match="chunk_insertion"):
         SchedulerConfig(chunk_insertion="eager")
-    with pytest.raises(ValueError, match="needs scheduler.exact_budgets"):
+    with pytest.raises(ValueError, match="per_chunk needs cluster.scheduler.exact_budgets"):
         SchedulerConfig(exact_budgets=False)  # per_chunk is defined on SGLang's admission arithmetic
     SchedulerConfig(exact_budgets=False, chunk_insertion="whole")
 

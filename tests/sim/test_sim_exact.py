@@ -183,13 +183,17 @@ def test_arrival_at_a_step_end_joins_the_next_batch():
 
 
 def test_too_large_request_is_a_configuration_error_before_running():
-    router = FixedRouter()
+    # the cell assembly checks requests before a simulator (or a live process) is built
+    from repro.backends.assembly import validate_requests
+
     with pytest.raises(ValueError, match="whole KV cache"):
-        SimCluster([make_request(0, 0.0, range(1, 20), output_len=2)], [TrieCache(20)], COST, router,
-                   SchedulerConfig(), "lru", 0)
+        validate_requests([make_request(0, 0.0, range(1, 20), output_len=2)], [20])
     with pytest.raises(ValueError, match="not sorted"):
-        SimCluster([make_request(0, 1.0, [1]), make_request(1, 0.5, [2])], [TrieCache(20)], COST, router,
-                   SchedulerConfig(), "lru", 0)
+        validate_requests([make_request(0, 1.0, [1]), make_request(1, 0.5, [2])], [20])
+    with pytest.raises(ValueError, match="duplicate request id"):
+        validate_requests([make_request(0, 0.0, [1]), make_request(0, 0.5, [2])], [20])
+    with pytest.raises(ValueError, match="no requests"):
+        SimCluster([], [TrieCache(20)], COST, FixedRouter(), SchedulerConfig(), "lru", 0)
     with pytest.raises(ValueError, match="schedule_policy"):
         SchedulerConfig(schedule_policy="lifo")
     with pytest.raises(ValueError, match="unknown cluster.scheduler keys"):

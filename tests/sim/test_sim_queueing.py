@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.sim.cluster import SeedPlan, SimCluster
+from repro.backends.assembly import SeedPlan
+from repro.sim.cluster import SimCluster
 from repro.sim.worker import SchedulerConfig
 from tests.sim.sim_fakes import FixedCostModel, RandomRouter, RoundRobinRouter, TrieCache, gsp_requests, make_request
 

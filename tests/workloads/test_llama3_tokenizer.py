@@ -107,7 +107,7 @@ def test_live_workers_and_router_tokenize_text_with_the_cells_tokenizer(tmp_path
     from repro.backends.sglang import orchestrate, protocol
     from repro.backends.sglang.emulated_worker import EmulatedWorker, EmulatorConfig
     from repro.backends.sglang.router_service import RouterService, RouterServiceConfig
-    from repro.sim.cluster import SeedPlan
+    from repro.backends.assembly import SeedPlan
 
     model = yaml.safe_load((CONF / "model" / "llama31_8b.yaml").read_text())
     hw = yaml.safe_load((CONF / "hardware" / "l40.yaml").read_text())

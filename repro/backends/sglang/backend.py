@@ -4,10 +4,10 @@
     validate_cell(cfg) -> list[str]                 # checked for every cell before any runs
     identity(cfg) -> dict                           # the result-affecting config (run signature)
 
-A cell builds exactly what the simulator builds from the same config — the workload from the
-same seed (repro.sim.SeedPlan: workload, router and per-worker eviction seeds), the per-worker
-KV capacity (repro.backends.sim.kv_capacities), the router from cfg.router — and then, instead of
-simulating, runs it on a node (repro.backends.sglang.orchestrate): M SGLang servers or emulated
+A cell is put together by the same code as the simulator's (repro.backends.assembly: the
+seed plan — workload, router and per-worker eviction seeds —, the per-worker KV capacity, the
+scheduler config, the workload with its requests checked, the provenance) — and then, instead
+of simulating, runs it on a node (repro.backends.sglang.orchestrate): M SGLang servers or emulated
 workers, the router service (or the real sglang-router) and the streaming client, whose
 per-request records have the simulator's columns. So the same experiment on `backend=sglang`
 and `backend=sim` differs only in who serves the requests.
@@ -35,12 +35,12 @@ latencies test the machinery; they are not results.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from repro.backends.sglang.config import BACKEND_KEYS, SECTION_KEYS, backend_config_errors  # keys, defaults: config.py
 from repro.confutil import get_path, to_plain
-from repro.results.fingerprint import PYTHON_VERSION
 
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
 NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
@@ -147,11 +147,9 @@ def cell_log_dir(cfg: Mapping) -> Path:
 def _versions(emulate: bool) -> dict:
     from importlib import metadata
 
-    import numpy as np
+    from repro.backends.assembly import versions
 
-    import repro
-
-    out = {"repro": repro.__version__, "python": PYTHON_VERSION, "numpy": np.__version__}
+    out = versions()
     for pkg in ("aiohttp",) + (() if emulate else ("sglang", "sglang-router")):
         try:
             out[pkg] = metadata.version(pkg)
@@ -164,28 +162,22 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     """Run one grid cell on this node; CellResult with the simulator's record columns."""
     from omegaconf import OmegaConf
 
+    from repro.backends import assembly
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
-    from repro.backends.sim import kv_capacities
-    from repro.sim.cluster import SeedPlan, validate_requests
-    from repro.workloads import build_workload
 
     errs = validate_cell(cfg)
     if errs:
         raise ValueError("backend=sglang: " + "; ".join(errs))
     dcfg = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
+    # the workers, caches and router are built by the processes that serve the cell
+    cell = assembly.assemble(dcfg, components=False)  # bad input fails before any process starts
+    seeds, capacities = cell.plan.seeds, list(cell.plan.capacities)
     plain = to_plain(dcfg)
-    m = plain["cluster"]["num_workers"]
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"cluster.num_workers must be a positive integer, got {m!r}")
-    seeds = SeedPlan.spawn(plain["seed"], m)
-    capacities = kv_capacities(dcfg, m)
-    workload = build_workload(dcfg.workload, seeds.workload)
-    validate_requests(workload.requests, capacities)  # bad input fails before any process starts
-
-    log_dir = cell_log_dir(plain)
+    log_dir = cell_log_dir(plain)  # the harness's cell folder: from the config as the harness signed it
+    plain["cluster"]["scheduler"] = asdict(cell.plan.scheduler)  # the processes get every knob, defaults filled in
     plan = orchestrate.plan_cell(plain, capacities, seeds, log_dir)
-    result = orchestrate.run_plan(plan, workload.requests, progress)
+    result = orchestrate.run_plan(plan, cell.requests, progress)
 
     b = plain["backend"]
     rs = result.router_stats or {}
@@ -196,16 +188,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
         "emulate": plan.emulate,
         "time_scale": plan.time_scale,
         "router_impl": plan.router_impl,
-        "model": plain["model"].get("name"),
-        "gpu": plain["hardware"].get("name"),
-        "workload": to_plain(getattr(workload, "provenance", {})),
-        "seed": seeds.seed,
-        "seeds": {"workload": seeds.workload, "router": seeds.router, "workers": list(seeds.workers)},
-        "num_workers": m,
-        "kv_capacity_tokens": list(capacities),
-        "scheduler": dict(plain["cluster"].get("scheduler") or {}),
-        "router": plain.get("router"),
-        "eviction": plain.get("eviction"),
+        **assembly.cell_provenance(plain, cell),
         "client": {k: report[k] for k in ("num_failed", "failures", "failure_examples")},
         "router_service": {k: rs.get(k) for k in ("completed", "failed", "retried", "failures", "callbacks",
                                                   "callbacks_skipped", "callback_errors", "capacity_notes")}
