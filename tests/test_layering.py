@@ -58,8 +58,6 @@ INTERFACE_EXEMPT = {"analysis"}
 # Known violations that other branches of issue 15 are removing: (importer, imported module) -> why.
 # The test fails when a pair no longer occurs, so this list empties as they land.
 PENDING: dict[tuple[str, str], str] = {
-    ("repro.sim.cluster", "repro.backends.base"): "RECORD_COLUMNS moves to repro.metrics (assembly branch)",
-    ("repro.harness.validate", "repro.sim.cluster"): "validation builds cells via repro.backends.assembly (assembly branch)",
 }
 
 

@@ -6,10 +6,6 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-# The record columns live with the metrics that read them (repro.metrics.RECORD_COLUMNS); the
-# name is re-exported here for callers that still import it from the backend contract.
-from repro.metrics import RECORD_COLUMNS  # noqa: F401
-
 
 @dataclass
 class CellResult:

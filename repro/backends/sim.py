@@ -28,7 +28,7 @@ def run_cell(
     """Simulate one grid cell; `progress(fraction finished)` is called now and then.
 
     `wrap_router(router)` may return a wrapper the cell routes through instead (diagnostics
-    record every decision this way: repro/routing/lbgr_diagnostics.py).
+    record every decision this way: repro/analysis/decisions.py).
     """
     cell = assembly.assemble(cfg, wrap_router=wrap_router)
     plan = cell.plan

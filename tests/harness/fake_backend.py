@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from repro.backends.base import RECORD_COLUMNS, CellResult
+from repro.backends.base import CellResult
+from repro.metrics import RECORD_COLUMNS
 
 
 def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -> CellResult:

@@ -10,7 +10,7 @@ import signal
 import pandas as pd
 import pytest
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from tests.harness.helpers import cell_files, reference_tiny_grid, run_inprocess, run_subprocess
 
 NO_WANDB = "tracking=disabled"

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from repro.backends.sglang.client import ClientConfig, replay
 from repro.metrics.summary import summarize
 

@@ -65,7 +65,7 @@ def _cell(backend: dict) -> dict:
 def test_a_plan_is_the_same_with_keys_written_out_or_left_to_their_defaults(tmp_path, monkeypatch, emulate):
     need_parts()
     from repro.backends.sglang import orchestrate
-    from repro.sim.cluster import SeedPlan
+    from repro.backends.assembly import SeedPlan
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     full = {**load_yaml("backend/sglang.yaml"), "emulate": emulate, "placement": "local"}

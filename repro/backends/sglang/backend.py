@@ -39,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from repro.backends.sglang.config import BACKEND_KEYS, SECTION_KEYS, backend_config_errors  # keys, defaults: config.py
+from repro.backends.sglang.config import backend_config_errors  # keys and defaults: config.py
 from repro.confutil import get_path, to_plain
 
 # Keys that only say where / how things run, never what a cell measures: out of the signature.

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.backends.base import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS
 from repro.backends.sglang import protocol
 from repro.backends.sglang.config import BackendConfig, ClientSection, Timeouts
 

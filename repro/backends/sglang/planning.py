@@ -236,7 +236,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     """Every command, port, environment and config file of one cell (nothing started yet).
 
     `cfg` is the composed cell config (DictConfig or mapping), `capacities` the per-worker KV
-    budgets (repro.backends.sim.kv_capacities), `seeds` the cell's repro.sim.SeedPlan.
+    budgets (repro.backends.assembly.kv_capacities), `seeds` the cell's repro.backends.assembly.SeedPlan.
     `ports`: M + 1 ports (workers, then router); default: free ports now.
     """
     cfg = to_plain(cfg)

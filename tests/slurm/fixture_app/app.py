@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from repro.backends.base import RECORD_COLUMNS  # noqa: E402
+from repro.metrics import RECORD_COLUMNS  # noqa: E402
 from repro.metrics.summary import summarize  # noqa: E402
 from repro.results import CellStore, run_signature  # noqa: E402
 

@@ -23,13 +23,11 @@ log = logging.getLogger("repro.router_service")
 
 
 def build_router(router_cfg: dict) -> Any:
-    """The router object from a conf/router/<name>.yaml mapping: the one place the live backend
-    builds a router (hydra.utils.instantiate, as the simulator does; to be replaced by the shared
-    router-building function of the cell assembly)."""
-    import hydra.utils
-    from omegaconf import OmegaConf
+    """The router object from a conf/router/<name>.yaml mapping, built by the cell assembly (the
+    one place routers are built, for the simulator too)."""
+    from repro.backends.assembly import build_router as assemble_router
 
-    return hydra.utils.instantiate(OmegaConf.create(router_cfg))
+    return assemble_router(router_cfg)
 
 
 def service_from_file(path: str) -> RouterService:
