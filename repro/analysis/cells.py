@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from repro.confutil import CONF_DIR
+from repro.fileio import write_atomic
 
 
 
@@ -38,7 +39,5 @@ def cached_run(overrides: Sequence[str], cache_dir: str | Path, compute: Callabl
     if path.exists():
         return json.loads(path.read_text())
     out = compute(cfg)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, default=float))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(out, default=float))
     return out

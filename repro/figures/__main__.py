@@ -124,7 +124,7 @@ def generated(results_dir: Path):
 def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path | None) -> None:
     from repro.figures import reproduce
     from repro.figures.style import write_text
-    from repro.results import atomic_write_text
+    from repro.fileio import write_atomic
 
     table, blocks, claims_md = generated(results_dir)
     write_text(figures_dir, "claims.md", claims_md)
@@ -136,7 +136,7 @@ def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path | N
         text = reproduce_md.read_text()
         for name, body in blocks.items():
             text = reproduce.replace_block(text, name, body)
-        atomic_write_text(reproduce_md, text)
+        write_atomic(reproduce_md, text)
     else:
         log(f"[claims] {reproduce_md} does not exist: only figures/claims.md written")
     counts = table["verdict"].value_counts().to_dict()

@@ -174,8 +174,8 @@ WHY_HEADER = """\
 def write_why(data: dict, path: Path = WHY_FILE) -> None:
     import yaml
 
-    from repro.results import atomic_write_text
+    from repro.fileio import write_atomic
 
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110)
-    atomic_write_text(path, WHY_HEADER + body)
+    write_atomic(path, WHY_HEADER + body)
 

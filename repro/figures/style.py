@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from repro.results import atomic_write_bytes, atomic_write_text  # noqa: E402
+from repro.fileio import write_atomic  # noqa: E402
 
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
@@ -100,13 +100,13 @@ def save_figure(fig, figures_dir: str | Path, name: str) -> list[Path]:
     for ext, meta in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, metadata=meta, bbox_inches=bbox)
-        out.append(atomic_write_bytes(Path(figures_dir) / f"{name}.{ext}", buf.getvalue()))
+        out.append(write_atomic(Path(figures_dir) / f"{name}.{ext}", buf.getvalue()))
     plt.close(fig)
     return out
 
 
 def write_text(figures_dir: str | Path, filename: str, text: str) -> Path:
-    return atomic_write_text(Path(figures_dir) / filename, text)
+    return write_atomic(Path(figures_dir) / filename, text)
 
 
 def latex_escape(text: str) -> str:

@@ -17,10 +17,6 @@ from repro.fileio import write_atomic, write_json_atomic
 
 SUMMARY = "summary.json"
 
-# The writers live in repro.fileio; these names stay for callers not yet switched to it.
-atomic_write_bytes = atomic_write_text = write_atomic
-atomic_write_json = write_json_atomic
-
 
 class CellStore:
     """results/<exp>/<sig>/ : config.yaml, requests.parquet, timings.json, summary.json (last)."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from repro import fileio
-from repro.results import CellStore, atomic_write_bytes, atomic_write_json, atomic_write_text, run_signature
+from repro.results import CellStore, run_signature
 
 
 def test_signature_ignores_non_result_keys_and_key_order():
@@ -15,12 +14,6 @@ def test_signature_ignores_non_result_keys_and_key_order():
     assert run_signature(a) == run_signature(b)
     assert run_signature(a) != run_signature({**a, "seed": 2})
     assert run_signature(a) != run_signature({**a, "workload": {"request_rate": 8, "name": "gsp", "x": 1}})
-
-
-def test_old_writer_names_are_the_fileio_writers():
-    # kept for callers in other packages until they import repro.fileio
-    assert atomic_write_bytes is atomic_write_text is fileio.write_atomic
-    assert atomic_write_json is fileio.write_json_atomic
 
 
 def test_parquet_bytes_are_deterministic(tmp_path):

@@ -120,10 +120,9 @@ def _die_with_parent() -> None:
 
 
 def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-    os.replace(tmp, path)
+    from repro.fileio import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=1))
 
 
 def _stop(procs: dict, grace_s: float) -> dict:

@@ -49,7 +49,7 @@ from repro.backends.sglang.planning import (ROUTER_IMPLS, SGLANG_ROUTER_POLICIES
                                             sglang_router_command, sglang_server_command)
 from repro.backends.sglang.processes import (_OPENER, HEALTH_PROBE_TIMEOUT_S, ManagedProcess, RemoteNode, RemoteServer,
                                              probe, wait_healthy)
-from repro.results import atomic_write_json
+from repro.fileio import write_json_atomic
 
 
 @contextlib.contextmanager
@@ -115,7 +115,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
     t_start = time.monotonic()
     cell_deadline = t_start + plan.timeouts["cell_s"]
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(os.path.join(plan.log_dir, "plan.json"), plan.describe())
+    write_json_atomic(os.path.join(plan.log_dir, "plan.json"), plan.describe())
     procs: list[ManagedProcess] = []
     remote = [RemoteNode(node, plan.remote_nodes()[node.name], plan) for node in plan.nodes[1:]
               if node.name in plan.remote_nodes()]
@@ -141,7 +141,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 if rc is not None:
                     raise ServerStartError(p.describe_failure(f"exited with code {rc} while the others became healthy"))
             if remote:
-                atomic_write_json(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # with the real URLs
+                write_json_atomic(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # with the real URLs
             router = ManagedProcess(plan.router)
             procs.append(router)
             router.start()
@@ -183,15 +183,15 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                     await asyncio.gather(run, watch, poll, return_exceptions=True)
 
             records, report = asyncio.run(_replay())
-            atomic_write_json(os.path.join(plan.log_dir, "client_report.json"), report)
+            write_json_atomic(os.path.join(plan.log_dir, "client_report.json"), report)
             router_stats = None
             if plan.router_impl == "ours":
                 router_stats = _get_json(f"{plan.router_url}/stats")
-                atomic_write_json(os.path.join(plan.log_dir, "router_stats.json"), router_stats)
+                write_json_atomic(os.path.join(plan.log_dir, "router_stats.json"), router_stats)
             worker_stats = None
             if plan.emulate:
                 worker_stats = [_get_json(u + "/emulator/stats", 5.0) for u in plan.worker_urls]
-                atomic_write_json(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
+                write_json_atomic(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
             return PlanResult(records, report, router_stats, worker_stats, startup)
     finally:
         grace = plan.timeouts["shutdown_grace_s"]
@@ -201,7 +201,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
         for r in remote:
             exit_codes[r.name] = r.stop(grace)
         with contextlib.suppress(OSError):
-            atomic_write_json(os.path.join(plan.log_dir, "exit_codes.json"), exit_codes)
+            write_json_atomic(os.path.join(plan.log_dir, "exit_codes.json"), exit_codes)
 
 
 __all__ = [

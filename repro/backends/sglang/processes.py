@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.backends.sglang.planning import CellPlan, OrchestrationError, ProcessSpec, ServerStartError
-from repro.results import atomic_write_json
+from repro.fileio import write_json_atomic
 
 HEALTH_PROBE_TIMEOUT_S = 5.0
 # The children import repro from the same tree as this process.
@@ -62,7 +62,7 @@ class ManagedProcess:
     def start(self) -> None:
         spec = self.spec
         if spec.config_path is not None and spec.config is not None:
-            atomic_write_json(spec.config_path, spec.config)
+            write_json_atomic(spec.config_path, spec.config)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         self._log = open(spec.log_path, "ab", buffering=0)
         self._log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(spec.cmd)}\n".encode())
@@ -146,10 +146,10 @@ class RemoteNode:
     def start(self) -> None:
         for s in self.specs:
             if s.config_path is not None and s.config is not None:
-                atomic_write_json(s.config_path, s.config)
+                write_json_atomic(s.config_path, s.config)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.addr_path)
-        atomic_write_json(self.spec_path, {
+        write_json_atomic(self.spec_path, {
             "host": self.node.addr, "addr_file": self.addr_path, "grace_s": self.plan.timeouts["shutdown_grace_s"],
             # ports this node's processes were given but may not have bound yet: not free for the agent
             # when "nodes" share a host (the test cluster); harmless elsewhere
