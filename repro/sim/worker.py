@@ -1,5 +1,9 @@
 """One simulated LLM worker: SGLang's scheduler (continuous batching) over a radix KV cache.
 
+One module over 450 lines on purpose: SimWorker is one state machine (waiting queue, budgets, tree
+locks, step loop) that tests/sglang/test_sched_parity.py checks as a whole against SGLang's own
+scheduler; what is separable (SchedulerConfig, RequestTable, SimTimings) is small and sits beside it.
+
 What it reproduces (SGLang `Scheduler.get_next_batch_to_run` + `PrefillAdder`):
 - A waiting queue ranked by `schedule_policy`: ``lpm`` (longest cached prefix first; ties keep
   the queue's order; like SGLang it falls back to fcfs when more than 128 requests wait) or ``fcfs``.
