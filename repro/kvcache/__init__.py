@@ -32,6 +32,8 @@ Policies (one class each, built from conf/eviction/*.yaml by `make_eviction(cfg,
 replayer / theory code from a `TraceIndex` of the whole trace). `cache.stats()` returns the
 counters (evicted tokens, RLT phases, RLT random-vs-fallback evictions).
 `cache.process_path(tokens)` is the paper's token-by-token path model (the replayer's step).
+Keys: `as_key(tokens) -> bytes` is THE token-key function of the project, with
+`key_to_tokens` and the prefix comparator `common_prefix_len` (repro/kvcache/keys.py).
 Errors: `CapacityError` (tokens do not fit), `ValueError` (bad arguments).
 """
 
@@ -52,9 +54,8 @@ from repro.kvcache.radix_cache import (
     Node,
     PathResult,
     RadixCache,
-    as_key,
-    key_to_tokens,
 )
+from repro.kvcache.keys import as_key, common_prefix_len, key_to_tokens
 from repro.kvcache.trace_index import TraceIndex
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "RadixCache",
     "TraceIndex",
     "as_key",
+    "common_prefix_len",
     "key_to_tokens",
     "make_cache",
     "make_eviction",

@@ -40,67 +40,16 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from repro.kvcache.keys import as_key, common_prefix_len
+
 if TYPE_CHECKING:  # pragma: no cover
     from repro.kvcache.eviction import EvictionPolicy
 
 GRANULARITIES: tuple[str, ...] = ("token", "node")
-_INT32_MIN = -(2**31)
-_INT32_MAX = 2**31 - 1
 
 
 class CapacityError(RuntimeError):
     """The tokens to add do not fit in the cache (free room or evictable tokens are too few)."""
-
-
-def as_key(tokens) -> bytes:
-    """Token ids -> the internal key: bytes of packed native int32 (converted once)."""
-    if type(tokens) is bytes:
-        if len(tokens) & 3:
-            raise ValueError(
-                f"a bytes key must hold packed int32 token ids (length a multiple of 4), got {len(tokens)} bytes"
-            )
-        return tokens
-    if isinstance(tokens, (bytearray, memoryview)):
-        return as_key(bytes(tokens))
-    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
-    if arr.dtype == np.int32:
-        return arr.tobytes()
-    if arr.size == 0:
-        return b""
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
-    if int(arr.min()) < _INT32_MIN or int(arr.max()) > _INT32_MAX:
-        raise ValueError("token ids must fit in int32")
-    return arr.astype(np.int32).tobytes()
-
-
-def key_to_tokens(key: bytes) -> np.ndarray:
-    return np.frombuffer(key, dtype=np.int32)
-
-
-def _common_prefix_bytes(key: bytes, pos: int, ck: bytes) -> int:
-    """Bytes (a multiple of 4, >= 4) that key[pos:] and ck share; their first token is known equal.
-
-    Long runs: one vectorised numpy comparison; short runs: binary search with C-level
-    `startswith` on the not-yet-verified part only (cheaper than numpy's call overhead).
-    """
-    hi = min(len(ck), len(key) - pos) >> 2
-    if hi > 256:
-        ne = np.frombuffer(key, np.int32, hi, pos) != np.frombuffer(ck, np.int32, hi)
-        i = int(ne.argmax())
-        return (i if ne[i] else hi) << 2
-    if key.startswith(ck[4 : hi << 2], pos + 4):
-        return hi << 2
-    lo = 1  # invariant: lo tokens match, hi tokens do not
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if key.startswith(ck[lo << 2 : mid << 2], pos + (lo << 2)):
-            lo = mid
-        else:
-            hi = mid
-    return lo << 2
 
 
 class Node:
@@ -253,7 +202,7 @@ class RadixCache:
                 pos += nb
                 node = child
             else:
-                return path, pos, child, _common_prefix_bytes(key, pos, ck)
+                return path, pos, child, common_prefix_len(key, pos, ck)
         return path, pos, None, 0
 
     def peek_prefix(self, tokens) -> int:
@@ -274,7 +223,7 @@ class RadixCache:
                 pos += nb
                 node = child
             else:
-                return (pos + _common_prefix_bytes(key, pos, ck)) >> 2
+                return (pos + common_prefix_len(key, pos, ck)) >> 2
         return pos >> 2
 
     def _split(self, child: Node, k: int) -> Node:

@@ -8,7 +8,7 @@ cached_tokens, now_s)` per completion, or (live service only) `on_request_abando
 worker_id, now_s)` when the request will not complete on the worker it was routed to.
 """
 
-from repro.routing.base import Router, WorkerView, token_key
+from repro.routing.base import Router, WorkerView
 from repro.routing.cache_aware import CacheAwareRouter
 from repro.routing.dynamo import DynamoRouter
 from repro.routing.lbgr import LBGRRouter
@@ -18,7 +18,6 @@ from repro.routing.simple import PowerOfTwoRouter, RandomRouter, RoundRobinRoute
 __all__ = [
     "Router",
     "WorkerView",
-    "token_key",
     "RandomRouter",
     "RoundRobinRouter",
     "CacheAwareRouter",

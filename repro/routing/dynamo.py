@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from repro.routing.base import Router, WorkerView, token_key
+from repro.kvcache import as_key
+from repro.routing.base import Router, WorkerView
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -132,7 +133,7 @@ class DynamoRouter(Router):
     def logits(self, request: "Request", workers: Sequence[WorkerView]) -> tuple[np.ndarray, list[int]]:
         bs = self.block_size_tokens
         tokens = request.prompt_tokens
-        key = token_key(tokens)
+        key = as_key(tokens)
         isl = len(tokens)
         hashes = self.hasher(tokens)
         logits = np.empty(self.num_workers)

@@ -96,7 +96,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from repro.routing.base import Router, WorkerView, check_choice, token_key
+from repro.kvcache import as_key
+from repro.routing.base import Router, WorkerView, check_choice
 from repro.routing.learners import RidgeRLSLearner, RLSLearner, SGDLearner
 from repro.routing.trackers import ApproximateTracker, tracker_access
 
@@ -401,7 +402,7 @@ class LBGRRouter(Router):
     def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
         """Decay, then (key, hits, S, E) per worker as Python lists (either evaluation path)."""
         self._advance(now_s)
-        key = token_key(request.prompt_tokens)
+        key = as_key(request.prompt_tokens)
         prompt_len = len(key) >> 2
         out_len = self.expected_output_len(request)
         if not self._vector:
@@ -429,7 +430,7 @@ class LBGRRouter(Router):
 
     def select_worker(self, request: "Request", workers: Sequence[WorkerView], now_s: float) -> int:
         self._advance(now_s)
-        key = token_key(request.prompt_tokens)
+        key = as_key(request.prompt_tokens)
         prompt_len = len(key) >> 2
         out_len = self.expected_output_len(request)
         load = self.load_est
@@ -478,7 +479,7 @@ class LBGRRouter(Router):
         if self.decay == "drain":
             self.work_done[worker] += service
         if self.tracker_state is not None:
-            self.tracker_state.completed(key, key + token_key(request.generated_tokens), worker)
+            self.tracker_state.completed(key, key + as_key(request.generated_tokens), worker)
 
     def on_request_abandoned(self, request, worker_id, now_s=None):
         """Forget a request that will not complete on its worker: its in-flight prompt leaves

@@ -73,12 +73,12 @@ class DiagnosticRouter(Router):
         self.num_workers = len(workers)
 
     def select_worker(self, request, workers, now_s):
-        from repro.routing.base import token_key
+        from repro.kvcache import as_key
         from repro.routing.lbgr import LBGRRouter
 
         m = len(workers)
         rows = np.full((m, len(self.COLUMNS)), np.nan)
-        key = token_key(request.prompt_tokens)
+        key = as_key(request.prompt_tokens)
         rows[:, 1] = [w.peek_prefix(key) for w in workers]
         rows[:, 6] = [w.waiting for w in workers]
         rows[:, 7] = [w.running for w in workers]

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from repro.routing.base import Router, WorkerView, check_choice, token_key
+from repro.kvcache import as_key
+from repro.routing.base import Router, WorkerView, check_choice
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -65,7 +66,7 @@ class LLMDRouter(Router):
         m = self.num_workers
         prefix = np.zeros(m)
         if total_blocks > 0:
-            key = token_key(tokens)
+            key = as_key(tokens)
             for i, w in enumerate(workers):
                 prefix[i] = min(w.peek_prefix(key) // bs, total_blocks) / total_blocks
         queues = np.array([w.waiting for w in workers], dtype=float)

@@ -48,12 +48,12 @@ from repro.routing import (  # noqa: E402
     RoundRobinRouter,
 )
 from repro.routing.approx_tree import ApproximateTree  # noqa: E402
-from repro.routing.base import token_key  # noqa: E402
+from repro.kvcache import as_key  # noqa: E402
 from repro.workloads import build_workload  # noqa: E402
 
 
 def _key(tokens) -> bytes:
-    return tokens if isinstance(tokens, bytes) else token_key(tokens)
+    return tokens if isinstance(tokens, bytes) else as_key(tokens)
 
 
 class TreeCache:
@@ -162,7 +162,7 @@ def measure(make_router, requests, m, cost_model, capacity, warm) -> np.ndarray:
         if i >= warm:
             times.append(t1 - t0)
         views[w].in_flight += 1
-        views[w].tree.insert(token_key(q.prompt_tokens), 0)
+        views[w].tree.insert(as_key(q.prompt_tokens), 0)
         heapq.heappush(done, (now + 1.0, i, w))
     gc.enable()
     return np.array(times) / 1e3

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from repro.routing import LBGRRouter
 from repro.routing.trackers import SharedPrefixIndex
 from repro.routing.learners import RidgeRLSLearner, RLSLearner, SGDLearner
-from repro.routing.base import token_key
+from repro.kvcache import as_key
 from tests.routing.fakes import FakeView, LinearCostModel, make_request, make_views, simple_cache_factory
 
 # Exact binary fractions so that sums compare exactly: prefill = new / 1024 s, no decode.
@@ -215,14 +215,14 @@ def test_inflight_tracker_hand_computed():
     a = make_request(1, list(range(20)), output_len=4)
     w = r.select_worker(a, v, 0.0)
     assert r.caches[w].total_size() == 0  # not admitted yet as far as the router knows
-    assert r.index.inflight_hits(token_key(a.prompt_tokens))[w] == 20 and r.index.inflight_size == 1
+    assert r.index.inflight_hits(as_key(a.prompt_tokens))[w] == 20 and r.index.inflight_size == 1
     b = make_request(2, list(range(20)) + [99])
-    assert r.tracked_hits(token_key(b.prompt_tokens), v) == ([20, 0] if w == 0 else [0, 20])
+    assert r.tracked_hits(as_key(b.prompt_tokens), v) == ([20, 0] if w == 0 else [0, 20])
     # S = [1, 21] / 1024 s, P_w = 20 / 1024 * 0.9^5 at t = 0.5: the prefix wins
     assert r.select_worker(b, v, 0.5) == w
     r.on_request_complete(a, w, 0.3, 0.1, 0, 0.6)
     assert r.caches[w].peek_prefix(a.full_tokens) == 24
-    assert r.index.inflight_hits(token_key(a.prompt_tokens))[w] == 20  # b (same 20-token prefix) still in flight
+    assert r.index.inflight_hits(as_key(a.prompt_tokens))[w] == 20  # b (same 20-token prefix) still in flight
     r.on_request_complete(b, w, 0.3, 0.1, 0, 0.61)
     assert r.index.inflight_size == 0 and _nothing_in_flight(r.index)
     assert r.caches[w].peek_prefix(b.full_tokens) == 25
@@ -240,7 +240,7 @@ def test_inflight_tracker_is_not_polluted_by_a_queue_longer_than_the_cache():
         for q in burst:
             r.select_worker(q, v, 0.2)
         assert r.caches[0].total_size() <= 30
-        hit = r.tracked_hits(token_key(old.prompt_tokens), v)[0]
+        hit = r.tracked_hits(as_key(old.prompt_tokens), v)[0]
         assert hit == (12 if tu == "inflight" else 0)
 
 
@@ -449,7 +449,7 @@ def test_approximate_tracker_with_the_real_radix_cache(policy):
         prompt = np.concatenate([systems[i % 5], rng.integers(0, 30_000, 20)]).astype(np.int32)
         q = make_request(i, prompt, output_len=3)
         w = r.select_worker(q, v, now)
-        assert r.tracked_hits(token_key(prompt), v)[w] == len(prompt)  # through the in-flight tree
+        assert r.tracked_hits(as_key(prompt), v)[w] == len(prompt)  # through the in-flight tree
         r.on_request_complete(q, w, 0.2, 0.05, 0, now + 0.2)
         assert r.caches[w].peek_prefix(q.full_tokens) == len(q.full_tokens)
         assert all(c.total_size() <= 600 for c in r.caches)
@@ -662,15 +662,15 @@ def test_inflight_prompts_match_brute_force(data):
     for _ in range(data.draw(st.integers(1, 40))):
         if live and data.draw(st.booleans()):
             k, w = live.pop(data.draw(st.integers(0, len(live) - 1)))
-            tree.remove_inflight(token_key(np.array(k)), w)
+            tree.remove_inflight(as_key(np.array(k)), w)
         else:
             k, w = data.draw(prompt), data.draw(st.integers(0, m - 1))
-            tree.add_inflight(token_key(np.array(k)), w)
+            tree.add_inflight(as_key(np.array(k)), w)
             live.append((k, w))
         q = data.draw(prompt)
         expected = [max([_lcp(q, k) for k, w in live if w == i], default=0) for i in range(m)]
-        assert tree.hits(token_key(np.array(q))) == expected
+        assert tree.hits(as_key(np.array(q))) == expected
         assert tree.inflight_size == len(live)
     for k, w in live:
-        tree.remove_inflight(token_key(np.array(k)), w)
+        tree.remove_inflight(as_key(np.array(k)), w)
     assert not tree.root.children

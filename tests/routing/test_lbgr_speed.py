@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import repro.routing.lbgr as lbgr_mod
 from repro.kvcache import make_cache
 from repro.routing import LBGRRouter
-from repro.routing.base import token_key
+from repro.kvcache import as_key
 from repro.routing.learners import RidgeRLSLearner
 from repro.routing.trackers import ApproximateTracker
 from tests.routing.fakes import LinearCostModel, make_request, make_views, simple_cache_factory
@@ -44,19 +44,19 @@ def test_shared_index_hits_equal_per_worker_peeks(policy, granularity, cap, seed
         op = rng.random()
         if live and op < 0.45:
             prompt, w = live.pop(int(rng.integers(0, len(live))))
-            key = token_key(np.array(prompt, dtype=np.int32))
+            key = as_key(np.array(prompt, dtype=np.int32))
             if rng.random() < 0.1:
                 tracker.abandoned(key, w)
             else:
-                gen = token_key(rng.integers(0, 6, int(rng.integers(1, 5))).astype(np.int32))
+                gen = as_key(rng.integers(0, 6, int(rng.integers(1, 5))).astype(np.int32))
                 tracker.completed(key, key + gen, w)
         else:
             prompt = systems[int(rng.integers(0, 5))] + tuple(int(x) for x in rng.integers(0, 6, int(rng.integers(1, 8))))
             w = int(rng.integers(0, m))
-            tracker.dispatched(token_key(np.array(prompt, dtype=np.int32)), w)
+            tracker.dispatched(as_key(np.array(prompt, dtype=np.int32)), w)
             live.append((prompt, w))
         for q in (systems[int(rng.integers(0, 5))] + (int(rng.integers(0, 6)),), live[-1][0] if live else (1,)):
-            key = token_key(np.array(q, dtype=np.int32))
+            key = as_key(np.array(q, dtype=np.int32))
             want = [
                 max([caches[i].peek_prefix(key)] + [_lcp(q, p) for p, w in live if w == i]) for i in range(m)
             ]
@@ -76,14 +76,14 @@ def test_shared_index_levels_are_nested_and_give_the_hits(data):
     for _ in range(data.draw(st.integers(1, 25))):
         if live and data.draw(st.booleans()):
             p, w = live.pop(data.draw(st.integers(0, len(live) - 1)))
-            k = token_key(np.array(p, dtype=np.int32))
-            tracker.completed(k, k + token_key(np.array([7], dtype=np.int32)), w)
+            k = as_key(np.array(p, dtype=np.int32))
+            tracker.completed(k, k + as_key(np.array([7], dtype=np.int32)), w)
         else:
             p, w = data.draw(prompt), data.draw(st.integers(0, m - 1))
-            tracker.dispatched(token_key(np.array(p, dtype=np.int32)), w)
+            tracker.dispatched(as_key(np.array(p, dtype=np.int32)), w)
             live.append((p, w))
         q = data.draw(prompt)
-        key = token_key(np.array(q, dtype=np.int32))
+        key = as_key(np.array(q, dtype=np.int32))
         levels = tracker.index.levels(key)
         for (t0, m0), (t1, m1) in zip(levels, levels[1:]):
             assert t0 < t1 and m1 & ~m0 == 0 and m1 != m0
