@@ -27,11 +27,15 @@ Choices the paper leaves open (ALGORITHMS.md §2 fixes them; stated here once):
 * `process_path` is the paper's single-path model (Appendix C): token by token, a hit if
   cached, else a miss that evicts one victim when the cache is full; the replayer and the
   theory experiment use it. It is exact for LRU/OPT/RLT (see its docstring); the bulk verbs
-  differ from it only in RLT marks, as documented in `repro.kvcache.eviction.RLTEviction`.
+  differ from it only in RLT marks, as documented in `repro.kvcache.RLTEviction`.
 
 Node handles returned by `match_prefix` / `insert` / `process_path` stay valid while the
 node is locked; an unlocked node may be split (the handle keeps the deeper part and stays
 valid), truncated or evicted.
+
+The granularity is the cache's (policies read `cache.granularity`). Policies change the
+tree only through `truncate_leaf` / `evict_leaf`, which keep the counters and call the
+eviction hooks; the node fields `mark`, `lidx`, `hdirty`, `okey`, `tn` are theirs.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import numpy as np
 from repro.kvcache.keys import as_key, common_prefix_len
 
 if TYPE_CHECKING:  # pragma: no cover
-    from repro.kvcache.eviction import EvictionPolicy
+    from repro.kvcache.eviction.base import EvictionPolicy
 
 GRANULARITIES: tuple[str, ...] = ("token", "node")
 
@@ -121,19 +125,13 @@ class RadixCache:
         if capacity_tokens < 0:
             raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
         if eviction is None:
-            from repro.kvcache.eviction import LRUEviction
+            from repro.kvcache.eviction.lru import LRUEviction
 
             eviction = LRUEviction()
-        pol_gran = getattr(eviction, "granularity", None)
         if granularity is None:
-            granularity = pol_gran or "node"
+            granularity = "node"
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        if pol_gran is not None and pol_gran != granularity:
-            raise ValueError(
-                f"granularity={granularity!r} contradicts the eviction config's granularity {pol_gran!r}; "
-                "give it in one place (make_cache reads it from the eviction config)"
-            )
         self._capacity = int(capacity_tokens)
         self.granularity = granularity
         self.root = Node(b"", 0, 0, None, 0, 0)
@@ -168,6 +166,9 @@ class RadixCache:
 
     def free_tokens(self) -> int:
         return self._capacity - self._total
+
+    def num_nodes(self) -> int:
+        return self._num_nodes
 
     def stats(self) -> dict:
         """Counters a simulator/benchmark reads (policy counters included)."""
@@ -371,21 +372,35 @@ class RadixCache:
             return 0
         return self.policy.evict(int(num_tokens))[0]
 
-    def _evict_tokens(self, node: Node, r: int) -> bool:
-        """Remove the last r tokens of the evictable leaf `node`; True if the node is gone."""
+    # ------------------------------------------------------------------ what policies evict with
+    def truncate_leaf(self, node: Node, k: int) -> None:
+        """Evict the last k tokens (0 < k < node.n) of the evictable leaf `node`; it stays a leaf.
+
+        Its new last token was accessed k positions earlier: `node.stamp` drops by k (the
+        policy re-files the node if it orders by stamp). No policy hook is called.
+        """
+        if self.debug_on_evict is not None:
+            self.debug_on_evict(node, k)
+        if self.eviction_log is not None:
+            self._log_eviction(node, k)
+        self._total -= k
+        self._evictable -= k
+        self.evicted_tokens += k
+        node.n -= k
+        node.depth -= k
+        node.stamp -= k
+
+    def evict_leaf(self, node: Node) -> None:
+        """Evict the whole evictable leaf `node`: the policy hears `leaf_removed(node)`, then
+        `leaf_added(parent)` if the parent became an evictable leaf."""
+        r = node.n
         if self.debug_on_evict is not None:
             self.debug_on_evict(node, r)
         if self.eviction_log is not None:
-            full = self.path_key(node)
-            self.eviction_log.extend(full[: len(full) - 4 * i] for i in range(r))
+            self._log_eviction(node, r)
         self._total -= r
         self._evictable -= r
         self.evicted_tokens += r
-        if r < node.n:
-            node.n -= r
-            node.depth -= r
-            node.stamp -= r  # the new last token was accessed r positions earlier
-            return False
         parent = node.parent
         del parent.children[node.key[:4]]
         node.parent = None
@@ -393,7 +408,10 @@ class RadixCache:
         self.policy.leaf_removed(node)
         if not parent.children and parent.lock_ref == 0:
             self.policy.leaf_added(parent)
-        return True
+
+    def _log_eviction(self, node: Node, r: int) -> None:
+        full = self.path_key(node)
+        self.eviction_log.extend(full[: len(full) - 4 * i] for i in range(r))
 
     # ------------------------------------------------------------------ the paper's path model
     def process_path(self, tokens) -> PathResult:

@@ -1,154 +1,16 @@
-"""Leaf-eviction policies for `RadixCache`: LRU (L-LRU), RLT (randomized marking) and OPT (Belady).
+"""RLT (Randomized Leaf Token, paper Algorithm 1): the marking algorithm on radix-tree leaves.
 
-A policy is attached to exactly one cache and keeps its own candidate structures up to date
-through the cache's hooks: `touch` (a node was accessed: re-stamped / marked), `new_node`
-(a fresh evictable leaf was added), `leaf_added` / `leaf_removed` (a node became / stopped
-being an evictable leaf: unlocked childless node <-> locked, got a child, evicted) and
-`split`. `evict(need)` removes >= need tokens through `cache._evict_tokens` and returns
-`(evicted, reset_at)` (`reset_at`: RLT only, tokens evicted before the first phase reset
-of this call, so that `process_path` can split the new run where the token-by-token model
-resets; None otherwise).
-
-The structures are hand-written (lazy heaps, list + index maps) because eviction runs on
-every admitted request in the simulator; `heapq` and lists are the fast C primitives here.
+The structures are hand-written (list + index maps, a lazy fallback heap) because eviction
+runs on every admitted request in the simulator; `heapq` and lists are the fast C primitives.
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
-from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from repro.kvcache.radix_cache import Node, RadixCache
-    from repro.kvcache.trace_index import TraceIndex
-
-POLICY_NAMES: tuple[str, ...] = ("lru", "rlt", "opt")
-INF_USE = 1 << 62  # "never used again"
-
-
-class EvictionPolicy:
-    """Base class: one instance per cache (it holds that cache's candidate structures)."""
-
-    name = "base"
-
-    def __init__(self, granularity: str | None = None):
-        from repro.kvcache.radix_cache import GRANULARITIES
-
-        if granularity is not None and granularity not in GRANULARITIES:
-            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        self.granularity = granularity  # None: the cache decides
-        self.cache: RadixCache | None = None
-
-    def _attach(self, cache: "RadixCache") -> None:
-        if self.cache is not None:
-            raise ValueError(f"this {type(self).__name__} is already attached to a cache; build one policy per cache")
-        self.cache = cache
-
-    # hooks (defaults: nothing to maintain)
-    def touch(self, node: "Node") -> None:
-        pass
-
-    def new_node(self, node: "Node", marked: bool) -> None:
-        self.leaf_added(node)
-
-    def leaf_added(self, node: "Node") -> None:
-        pass
-
-    def leaf_removed(self, node: "Node") -> None:
-        pass
-
-    def split(self, upper: "Node", lower: "Node") -> None:
-        pass
-
-    def restamp(self, node: "Node") -> None:
-        """`node.stamp` moved without an access (SGLang's split rule): recency only, never marks."""
-        self.touch(node)
-
-    def evict(self, need: int) -> tuple[int, int | None]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def stats(self) -> dict:
-        return {"policy": self.name}
-
-    def check(self) -> None:
-        pass
-
-
-def _lru_valid(entry_stamp: int, node: "Node") -> bool:
-    return node.parent is not None and node.stamp == entry_stamp and node.lock_ref == 0 and not node.children
-
-
-class LRUEviction(EvictionPolicy):
-    """L-LRU: evict the least recently used evictable leaf (SGLang's default policy).
-
-    A lazy min-heap of (stamp, node). Nodes that became evictable leaves or got a new stamp
-    wait in `dirty` (once each) and are pushed when `evict` runs, so a node that is
-    inserted, locked and unlocked between two evictions costs one push; stale entries
-    (re-stamped, locked, got a child, gone) are skipped when popped, and the heap is rebuilt
-    when they outnumber live nodes. Token granularity evicts from the popped leaf until it
-    is empty or `need` is met: its remaining tokens are older than its (evicted) last
-    token, hence older than every other leaf token, so this is exactly token-by-token LRU.
-    """
-
-    name = "lru"
-
-    def __init__(self, granularity: str | None = None):
-        super().__init__(granularity)
-        self.heap: list = []
-        self.dirty: list = []
-
-    def touch(self, node):
-        if not node.hdirty and not node.children and node.lock_ref == 0:
-            node.hdirty = True
-            self.dirty.append(node)
-
-    def leaf_added(self, node):
-        if not node.hdirty:
-            node.hdirty = True
-            self.dirty.append(node)
-
-    def _flush(self) -> None:
-        heap = self.heap
-        push = heapq.heappush
-        for node in self.dirty:
-            node.hdirty = False
-            if node.parent is not None and not node.children and node.lock_ref == 0:
-                push(heap, (node.stamp, node))
-        self.dirty = []
-        if len(heap) > 2 * self.cache._num_nodes + 1024:
-            heap[:] = [(n.stamp, n) for n in self.cache.iter_evictable_leaves()]
-            heapq.heapify(heap)
-
-    def evict(self, need):
-        cache = self.cache
-        token = cache.granularity == "token"
-        pop = heapq.heappop
-        evicted = 0
-        while evicted < need:
-            if self.dirty:  # includes parents that just became leaves
-                self._flush()
-            heap = self.heap
-            node = None
-            while heap:
-                stamp, cand = pop(heap)
-                if _lru_valid(stamp, cand):
-                    node = cand
-                    break
-            if node is None:
-                break
-            r = min(node.n, need - evicted) if token else node.n
-            if not cache._evict_tokens(node, r):
-                heapq.heappush(heap, (node.stamp, node))
-            evicted += r
-        return evicted, None
-
-    def check(self):
-        live = {id(n) for s, n in self.heap if _lru_valid(s, n)} | {id(n) for n in self.dirty}
-        for node in self.cache.iter_evictable_leaves():
-            assert id(node) in live, "LRU: an evictable leaf has no valid heap entry"
+from repro.kvcache.eviction.base import EvictionPolicy
 
 
 class RLTEviction(EvictionPolicy):
@@ -187,10 +49,12 @@ class RLTEviction(EvictionPolicy):
     """
 
     name = "rlt"
+    backends = frozenset({"sim", "sglang", "theory"})  # sglang: through repro.backends.sglang.rlt_patch
+    randomized = True
     _BUF = 1024
 
-    def __init__(self, seed: "int | np.random.Generator" = 0, granularity: str | None = None):
-        super().__init__(granularity)
+    def __init__(self, seed: "int | np.random.Generator" = 0):
+        super().__init__()
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self._ubuf: list[float] = []
         self._ui = 0
@@ -206,6 +70,10 @@ class RLTEviction(EvictionPolicy):
         self.fallback_evicted_tokens = 0
         self.random_evictions = 0  # victims (nodes at node granularity, tokens at token granularity)
         self.fallback_evictions = 0
+
+    @classmethod
+    def create(cls, seed=0, trace=None):
+        return cls(seed)
 
     @property
     def phases(self) -> int:
@@ -278,7 +146,7 @@ class RLTEviction(EvictionPolicy):
                 if node.lidx >= 0:
                     heapq.heappush(heap, (node.stamp, node))
             self.dirty = []
-            if len(heap) > 2 * self.cache._num_nodes + 1024:
+            if len(heap) > 2 * self.cache.num_nodes() + 1024:
                 heap[:] = [(n.stamp, n) for n in self.unmarked + self.marked]
                 heapq.heapify(heap)
         pop = heapq.heappop
@@ -304,7 +172,7 @@ class RLTEviction(EvictionPolicy):
 
     def _truncate(self, node, k: int) -> None:
         """Evict the last k < node.n tokens of an unmarked candidate (it stays a leaf)."""
-        self.cache._evict_tokens(node, k)
+        self.cache.truncate_leaf(node, k)
         if not node.hdirty:
             node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
             self.dirty.append(node)
@@ -317,8 +185,8 @@ class RLTEviction(EvictionPolicy):
     def _evict_one_by_one(self, budget: int) -> int:
         """The literal process: `budget` draws, each uniform over the current unmarked leaves."""
         cache = self.cache
+        truncate = cache.truncate_leaf
         ul = self.unmarked
-        inline = cache.debug_on_evict is None and cache.eviction_log is None
         dirty = self.dirty
         ubuf, ui = self._ubuf, self._ui
         done = 0
@@ -329,20 +197,13 @@ class RLTEviction(EvictionPolicy):
             node = ul[int(ubuf[ui] * len(ul))]
             ui += 1
             done += 1
-            if node.n > 1 and inline:
-                node.n -= 1
-                node.depth -= 1
-                node.stamp -= 1
-                cache._total -= 1
-                cache._evictable -= 1
-                cache.evicted_tokens += 1
+            if node.n > 1:
+                truncate(node, 1)
                 if not node.hdirty:
-                    node.hdirty = True
+                    node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
                     dirty.append(node)
-            elif node.n > 1:
-                self._truncate(node, 1)
             else:
-                cache._evict_tokens(node, 1)  # empties it: lists updated, its parent may join
+                cache.evict_leaf(node)  # lists updated, its parent may join
         self._ui = ui
         return done
 
@@ -363,14 +224,14 @@ class RLTEviction(EvictionPolicy):
         across slots, and the next node of the same slot dies at t + (1 - t) Beta(ell', e -
         ell' + 1) (e draws after t). Skipped draws come after the window: the next window
         draws them over the live candidates. Small budgets (`_one_by_one_is_cheaper`) are
-        drawn one by one. With debug hooks or the eviction log on, evictions go through
-        `cache._evict_tokens` (same draws); a window logs its tokens in a legal order (each
-        an unmarked leaf token when logged), not in the draw order it never materialises.
+        drawn one by one. With the cache's debug hook or eviction log on, a window logs its
+        tokens in a legal order (each an unmarked leaf token when logged), not in the draw
+        order it never materialises.
         """
         cache = self.cache
+        truncate = cache.truncate_leaf
         ul = self.unmarked
         rng = self.rng
-        hooks = cache.debug_on_evict is not None or cache.eviction_log is not None
         dirty = self.dirty
         evicted = 0
         while budget > 0 and ul:
@@ -379,30 +240,15 @@ class RLTEviction(EvictionPolicy):
                 break
             counts = rng.multinomial(budget, self._pvals(len(ul))).tolist()
             deaths = []  # (node, draws on its slot) for the nodes this window empties
-            if hooks:  # through _evict_tokens (debug hook, eviction log): same draws, slower
-                for node, k in zip(ul, counts):
-                    if k:
-                        if k < node.n:
-                            self._truncate(node, k)
-                        else:
-                            deaths.append((node, k))
-            else:
-                applied = budget
-                for node, k in zip(ul, counts):
-                    n = node.n - k
-                    if n > 0:
-                        node.n = n
-                        node.depth -= k
-                        node.stamp -= k
+            for node, k in zip(ul, counts):
+                if k:
+                    if k < node.n:
+                        truncate(node, k)
                         if not node.hdirty:
-                            node.hdirty = True
+                            node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
                             dirty.append(node)
                     else:
                         deaths.append((node, k))
-                        applied -= k
-                cache._total -= applied
-                cache._evictable -= applied
-                cache.evicted_tokens += applied
             skipped = self._apply_deaths(deaths) if deaths else 0
             evicted += budget - skipped
             budget = skipped
@@ -424,7 +270,7 @@ class RLTEviction(EvictionPolicy):
                 skipped = 0
                 for node, k in deaths:
                     skipped += k - node.n
-                    cache._evict_tokens(node, node.n)
+                    cache.evict_leaf(node)
                 return skipped
 
             queue = [(rng.beta(node.n, k - node.n + 1), node.seq, node, k) for node, k in deaths]
@@ -436,7 +282,7 @@ class RLTEviction(EvictionPolicy):
             t, _, node, k = heapq.heappop(queue) if timed else queue.pop()
             e = k - node.n  # draws of this slot after the node emptied
             parent = node.parent
-            cache._evict_tokens(node, node.n)
+            cache.evict_leaf(node)
             if not e:
                 continue
             if parent.lidx >= 0 and parent.mark != phase:  # joined as an unmarked leaf: takes the slot
@@ -457,7 +303,7 @@ class RLTEviction(EvictionPolicy):
         evicted = 0
         reset_at = None
         while evicted < need:
-            total = cache._total
+            total = cache.total_size()
             if total == 0:
                 break
             if self.marked_count == total:
@@ -487,9 +333,13 @@ class RLTEviction(EvictionPolicy):
                 self.fallback_evictions += 1
             if node.mark == self.phase:
                 self.marked_count -= r
-            if not cache._evict_tokens(node, r) and not node.hdirty:
-                node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
-                self.dirty.append(node)
+            if r == node.n:
+                cache.evict_leaf(node)
+            else:
+                cache.truncate_leaf(node, r)
+                if not node.hdirty:
+                    node.hdirty = True  # new stamp: the fallback heap needs a fresh entry
+                    self.dirty.append(node)
             evicted += r
         return evicted, reset_at
 
@@ -524,143 +374,3 @@ class RLTEviction(EvictionPolicy):
         fresh = {id(n) for s, n in self.heap if n.lidx >= 0 and n.stamp == s} | {id(n) for n in self.dirty}
         assert leaves_m | leaves_u <= fresh, "RLT: an evictable leaf is missing from the fallback heap"
 
-
-class OPTEviction(EvictionPolicy):
-    """OPT (Belady on leaves), offline: evict the leaf whose next use lies furthest ahead.
-
-    Needs the whole trace (`TraceIndex`) and the index of the path being processed
-    (`begin_path(j)`, called by the replayer). Next use of a token (a path prefix) = the
-    first later path j' > j that contains it; never used again = infinitely far. Token
-    granularity: the candidates are the leaf tokens (each leaf node's last token). Node
-    granularity: a leaf node's next use is that of its FIRST token (the earliest of its
-    tokens' next uses: when evicting it whole first costs a miss). Ties (only "never used
-    again" can tie) go to the least recently used leaf. A lazy max-heap keyed
-    (-next_use, stamp); a key only changes when its token is accessed (its next use is
-    exactly an access of it) or its node is truncated, and both re-push. Only valid inside
-    the replayer: every split / new node lies on the current path of the trace.
-    """
-
-    name = "opt"
-
-    def __init__(self, index: "TraceIndex", granularity: str | None = None):
-        super().__init__(granularity)
-        self.index = index
-        self.now = -1
-        self._segs: list = []
-        self._ends: list = []
-        self.heap: list = []
-
-    def begin_path(self, j: int) -> None:
-        self.now = j
-        self._segs, self._ends = self.index.path_segments(j)
-
-    def _tn_at(self, depth: int):
-        segs, ends = self._segs, self._ends
-        i = bisect_left(ends, depth)
-        if i >= len(ends):
-            raise ValueError("OPT: the cache holds a token outside the current trace path; OPT runs in the replayer only")
-        return segs[i]
-
-    def _key(self, node):
-        tn = node.tn
-        if self.cache.granularity == "node":
-            first = node.depth - node.n  # depth before the node's first token
-            while tn.start > first:
-                tn = tn.parent
-        occ = tn.occ
-        i = bisect_right(occ, self.now)
-        nu = occ[i] if i < len(occ) else INF_USE
-        return (-nu, node.stamp)
-
-    def _push(self, node):
-        key = self._key(node)
-        node.okey = key
-        heapq.heappush(self.heap, (key, node))
-
-    def touch(self, node):
-        if not node.children and node.lock_ref == 0:
-            self._push(node)
-
-    def new_node(self, node, marked):
-        node.tn = self._tn_at(node.depth)
-        self._push(node)
-
-    def leaf_added(self, node):
-        self._push(node)
-
-    def split(self, upper, lower):
-        tn = lower.tn
-        while tn.start >= upper.depth:
-            tn = tn.parent
-        upper.tn = tn
-        if self.cache.granularity == "node" and not lower.children and lower.lock_ref == 0:
-            self._push(lower)  # its first token changed, and with it the node's next use
-
-    def evict(self, need):
-        cache = self.cache
-        heap = self.heap
-        token = cache.granularity == "token"
-        pop = heapq.heappop
-        evicted = 0
-        while evicted < need:
-            node = None
-            while heap:
-                key, cand = pop(heap)
-                if cand.okey is key and cand.parent is not None and cand.lock_ref == 0 and not cand.children:
-                    node = cand
-                    break
-            if node is None:
-                break
-            if token:
-                # tokens of the node inside its last trie segment share next use; their stamps
-                # decrease, so they stay the furthest: evict them together
-                seg_tokens = node.depth - max(node.tn.start, node.depth - node.n)
-                r = min(seg_tokens, need - evicted)
-            else:
-                r = node.n
-            node.okey = None
-            if not cache._evict_tokens(node, r):
-                tn = node.tn
-                while tn.start >= node.depth:
-                    tn = tn.parent
-                node.tn = tn
-                self._push(node)
-            evicted += r
-        if len(heap) > 2 * cache._num_nodes + 1024:
-            self.heap = [(n.okey, n) for n in cache.iter_evictable_leaves() if n.okey is not None]
-            heapq.heapify(self.heap)
-        return evicted, None
-
-    def check(self):
-        live = {id(n) for k, n in self.heap if n.okey is k}
-        for node in self.cache.iter_evictable_leaves():
-            assert id(node) in live, "OPT: an evictable leaf has no valid heap entry"
-
-
-_ALLOWED_KEYS = frozenset({"name", "granularity"})
-
-
-def make_eviction(cfg: Mapping, seed: "int | np.random.Generator" = 0) -> EvictionPolicy:
-    """Build a policy from a conf/eviction/*.yaml mapping `{name: lru|rlt, granularity: node|token}`."""
-    if not isinstance(cfg, Mapping):
-        raise ValueError(f"eviction config must be a mapping like {{name: lru, granularity: node}}, got {cfg!r}")
-    unknown = set(cfg) - _ALLOWED_KEYS
-    if unknown:
-        raise ValueError(f"unknown eviction config keys {sorted(unknown)}; allowed: {sorted(_ALLOWED_KEYS)}")
-    name = cfg.get("name")
-    gran = cfg.get("granularity")
-    if name == "lru":
-        return LRUEviction(granularity=gran)
-    if name == "rlt":
-        return RLTEviction(seed, granularity=gran)
-    if name == "opt":
-        raise ValueError("OPT needs the future trace: build OPTEviction(TraceIndex(paths)) (the replayer does)")
-    raise ValueError(f"unknown eviction policy {name!r}; choose one of 'lru', 'rlt' (or 'opt' in the replayer)")
-
-
-def make_cache(capacity_tokens: int, eviction_cfg: Mapping, seed: "int | np.random.Generator" = 0):
-    """A RadixCache with the policy and granularity of `eviction_cfg` (granularity default: node)."""
-    from repro.kvcache.radix_cache import RadixCache
-
-    policy = make_eviction(eviction_cfg, seed)
-    return RadixCache(capacity_tokens, policy, policy.granularity or "node")
