@@ -3,7 +3,8 @@
 Hand-written on purpose: this is the simulator's hottest path (every request walks it on
 every worker, routers peek it for every worker), so it uses plain `__slots__` nodes and
 keys of packed int32 bytes whose comparison runs in C (`bytes.startswith`, memcmp), never
-token by token in Python.
+token by token in Python. One module (over 450 lines) because the tree's verbs and the
+eviction verbs policies call share one node representation and one set of counters.
 
 Choices the paper leaves open (ALGORITHMS.md §2 fixes them; stated here once):
 
@@ -34,8 +35,8 @@ node is locked; an unlocked node may be split (the handle keeps the deeper part 
 valid), truncated or evicted.
 
 The granularity is the cache's (policies read `cache.granularity`). Policies change the
-tree only through `truncate_leaf` / `evict_leaf`, which keep the counters and call the
-eviction hooks; the node fields `mark`, `lidx`, `hdirty`, `okey`, `tn` are theirs.
+tree only through `truncate_leaf` / `truncate_leaves` / `evict_leaf`, which keep the
+counters and call the eviction hooks; the node fields `mark`, `lidx`, `hdirty`, `okey`, `tn` are theirs.
 """
 
 from __future__ import annotations
@@ -389,6 +390,36 @@ class RadixCache:
         node.n -= k
         node.depth -= k
         node.stamp -= k
+
+    def truncate_leaves(self, nodes: list, counts: list) -> list:
+        """Bulk `truncate_leaf` (RLT's token windows): each evictable leaf nodes[i] loses its
+        last counts[i] tokens if it keeps one; counts of 0 are skipped, and nodes with
+        counts[i] >= their length are left untouched for the caller to empty (`evict_leaf`):
+        returns those as [(node, count)] in input order."""
+        rest = []
+        if self.debug_on_evict is not None or self.eviction_log is not None:
+            for node, k in zip(nodes, counts):
+                if k:
+                    if k < node.n:
+                        self.truncate_leaf(node, k)
+                    else:
+                        rest.append((node, k))
+            return rest
+        done = 0
+        for node, k in zip(nodes, counts):
+            if k:
+                n = node.n - k
+                if n > 0:
+                    node.n = n
+                    node.depth -= k
+                    node.stamp -= k
+                    done += k
+                else:
+                    rest.append((node, k))
+        self._total -= done
+        self._evictable -= done
+        self.evicted_tokens += done
+        return rest
 
     def evict_leaf(self, node: Node) -> None:
         """Evict the whole evictable leaf `node`: the policy hears `leaf_removed(node)`, then

@@ -113,6 +113,8 @@ def test_every_conf_eviction_file_is_valid_for_the_backends_its_policy_declares(
         ({"name": "lru", "granularity": "page"}, None, "eviction.granularity must be one of token, node"),
         ({"name": "lru", "seed": 1}, None, "unknown eviction config keys ['seed']"),
         ({"_target_": "repro.kvcache.LRUEviction", "name": "rlt"}, None, "contradicts"),
+        ({"_target_": ".LRUEviction"}, None, "cannot be imported"),
+        ({"_target_": "LRUEviction"}, None, "not an eviction policy class"),
         ([1], None, "must be a mapping"),
     ],
 )

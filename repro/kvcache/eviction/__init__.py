@@ -89,7 +89,7 @@ def _resolve(cfg) -> tuple[type[EvictionPolicy] | None, list[str]]:
             module, _, attr = target.rpartition(".")
             try:
                 obj = getattr(importlib.import_module(module), attr, None)
-            except ImportError as e:
+            except (ImportError, ValueError) as e:  # ValueError: an empty module name (".X")
                 return None, [f"eviction._target_={target!r} cannot be imported ({e})"]
         if not (isinstance(obj, type) and issubclass(obj, EvictionPolicy)):
             return None, [f"eviction._target_={target!r} is not an eviction policy class (e.g. repro.kvcache.LRUEviction)"]
