@@ -3,7 +3,8 @@
 Contract used by the simulator, the routers' trackers and the replayer (fixed here so
 that separately written parts fit; the implementation lives in this package):
 
-    cache = RadixCache(capacity_tokens, eviction=make_eviction({"name": "rlt"}, seed), granularity="node")
+    cache = make_cache(capacity_tokens, {"name": "rlt", "granularity": "node"}, seed)
+        (or RadixCache(capacity_tokens, eviction=RLTEviction(seed), granularity="node"))
     cache.match_prefix(tokens) -> MatchResult(length: int, last_node)
         An access: matched tokens are stamped (LRU) and marked (RLT); the node holding the
         match boundary is split so that `last_node` ends exactly there.
@@ -26,24 +27,33 @@ that separately written parts fit; the implementation lives in this package):
 `tokens` is an int32 numpy array, a sequence of ints, or bytes of packed int32 (the
 internal key format; key comparison runs in C on bytes, never token by token in Python).
 
-Policies (one class each, built from conf/eviction/*.yaml by `make_eviction(cfg, seed)`;
-`make_cache(capacity_tokens, eviction_cfg, seed)` builds both): `LRUEviction` (leaf LRU),
-`RLTEviction` (marking algorithm on leaves) and `OPTEviction` (offline Belady, built by the
-replayer / theory code from a `TraceIndex` of the whole trace). `cache.stats()` returns the
-counters (evicted tokens, RLT phases, RLT random-vs-fallback evictions).
+Policies (repro/kvcache/eviction/, one module each; the registry `eviction_policies()` maps
+`eviction.name` -> class, each class declaring `name` and `backends`): `LRUEviction` (leaf
+LRU), `RLTEviction` (marking algorithm on leaves) and `OPTEviction` (offline Belady, built by
+the replayer / theory code from a `TraceIndex` of the whole trace). A conf/eviction/*.yaml
+(`_target_`, `name`, `granularity`) builds a cache with `make_cache(capacity_tokens, cfg,
+seed)`; `check_eviction_config(cfg, backend)` lists what is wrong with one (unknown name,
+granularity, keys, or a backend that cannot run it). The granularity is the cache's; policies
+evict through `cache.truncate_leaf(node, k)` / `cache.evict_leaf(node)`. `cache.stats()`
+returns the counters (evicted tokens, RLT phases, RLT random-vs-fallback evictions).
 `cache.process_path(tokens)` is the paper's token-by-token path model (the replayer's step).
+Keys: `as_key(tokens) -> bytes` is THE token-key function of the project, with
+`key_to_tokens` and the prefix comparator `common_prefix_len` (repro/kvcache/keys.py).
 Errors: `CapacityError` (tokens do not fit), `ValueError` (bad arguments).
 """
 
 from repro.kvcache.eviction import (
-    POLICY_NAMES,
+    EVICTION_BACKENDS,
     EvictionPolicy,
     LRUEviction,
     OPTEviction,
     RLTEviction,
+    check_eviction_config,
+    eviction_policies,
     make_cache,
     make_eviction,
 )
+from repro.kvcache.keys import as_key, common_prefix_len, key_to_tokens
 from repro.kvcache.radix_cache import (
     GRANULARITIES,
     CapacityError,
@@ -52,14 +62,12 @@ from repro.kvcache.radix_cache import (
     Node,
     PathResult,
     RadixCache,
-    as_key,
-    key_to_tokens,
 )
 from repro.kvcache.trace_index import TraceIndex
 
 __all__ = [
+    "EVICTION_BACKENDS",
     "GRANULARITIES",
-    "POLICY_NAMES",
     "CapacityError",
     "EvictionPolicy",
     "InsertResult",
@@ -72,6 +80,9 @@ __all__ = [
     "RadixCache",
     "TraceIndex",
     "as_key",
+    "check_eviction_config",
+    "common_prefix_len",
+    "eviction_policies",
     "key_to_tokens",
     "make_cache",
     "make_eviction",

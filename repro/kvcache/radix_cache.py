@@ -3,7 +3,8 @@
 Hand-written on purpose: this is the simulator's hottest path (every request walks it on
 every worker, routers peek it for every worker), so it uses plain `__slots__` nodes and
 keys of packed int32 bytes whose comparison runs in C (`bytes.startswith`, memcmp), never
-token by token in Python.
+token by token in Python. One module (over 450 lines) because the tree's verbs and the
+eviction verbs policies call share one node representation and one set of counters.
 
 Choices the paper leaves open (ALGORITHMS.md §2 fixes them; stated here once):
 
@@ -27,11 +28,15 @@ Choices the paper leaves open (ALGORITHMS.md §2 fixes them; stated here once):
 * `process_path` is the paper's single-path model (Appendix C): token by token, a hit if
   cached, else a miss that evicts one victim when the cache is full; the replayer and the
   theory experiment use it. It is exact for LRU/OPT/RLT (see its docstring); the bulk verbs
-  differ from it only in RLT marks, as documented in `repro.kvcache.eviction.RLTEviction`.
+  differ from it only in RLT marks, as documented in `repro.kvcache.RLTEviction`.
 
 Node handles returned by `match_prefix` / `insert` / `process_path` stay valid while the
 node is locked; an unlocked node may be split (the handle keeps the deeper part and stays
 valid), truncated or evicted.
+
+The granularity is the cache's (policies read `cache.granularity`). Policies change the
+tree only through `truncate_leaf` / `truncate_leaves` / `evict_leaf`, which keep the
+counters and call the eviction hooks; the node fields `mark`, `lidx`, `hdirty`, `okey`, `tn` are theirs.
 """
 
 from __future__ import annotations
@@ -40,67 +45,16 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from repro.kvcache.keys import as_key, common_prefix_len
+
 if TYPE_CHECKING:  # pragma: no cover
-    from repro.kvcache.eviction import EvictionPolicy
+    from repro.kvcache.eviction.base import EvictionPolicy
 
 GRANULARITIES: tuple[str, ...] = ("token", "node")
-_INT32_MIN = -(2**31)
-_INT32_MAX = 2**31 - 1
 
 
 class CapacityError(RuntimeError):
     """The tokens to add do not fit in the cache (free room or evictable tokens are too few)."""
-
-
-def as_key(tokens) -> bytes:
-    """Token ids -> the internal key: bytes of packed native int32 (converted once)."""
-    if type(tokens) is bytes:
-        if len(tokens) & 3:
-            raise ValueError(
-                f"a bytes key must hold packed int32 token ids (length a multiple of 4), got {len(tokens)} bytes"
-            )
-        return tokens
-    if isinstance(tokens, (bytearray, memoryview)):
-        return as_key(bytes(tokens))
-    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
-    if arr.dtype == np.int32:
-        return arr.tobytes()
-    if arr.size == 0:
-        return b""
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
-    if int(arr.min()) < _INT32_MIN or int(arr.max()) > _INT32_MAX:
-        raise ValueError("token ids must fit in int32")
-    return arr.astype(np.int32).tobytes()
-
-
-def key_to_tokens(key: bytes) -> np.ndarray:
-    return np.frombuffer(key, dtype=np.int32)
-
-
-def _common_prefix_bytes(key: bytes, pos: int, ck: bytes) -> int:
-    """Bytes (a multiple of 4, >= 4) that key[pos:] and ck share; their first token is known equal.
-
-    Long runs: one vectorised numpy comparison; short runs: binary search with C-level
-    `startswith` on the not-yet-verified part only (cheaper than numpy's call overhead).
-    """
-    hi = min(len(ck), len(key) - pos) >> 2
-    if hi > 256:
-        ne = np.frombuffer(key, np.int32, hi, pos) != np.frombuffer(ck, np.int32, hi)
-        i = int(ne.argmax())
-        return (i if ne[i] else hi) << 2
-    if key.startswith(ck[4 : hi << 2], pos + 4):
-        return hi << 2
-    lo = 1  # invariant: lo tokens match, hi tokens do not
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if key.startswith(ck[lo << 2 : mid << 2], pos + (lo << 2)):
-            lo = mid
-        else:
-            hi = mid
-    return lo << 2
 
 
 class Node:
@@ -172,19 +126,13 @@ class RadixCache:
         if capacity_tokens < 0:
             raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
         if eviction is None:
-            from repro.kvcache.eviction import LRUEviction
+            from repro.kvcache.eviction.lru import LRUEviction
 
             eviction = LRUEviction()
-        pol_gran = getattr(eviction, "granularity", None)
         if granularity is None:
-            granularity = pol_gran or "node"
+            granularity = "node"
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        if pol_gran is not None and pol_gran != granularity:
-            raise ValueError(
-                f"granularity={granularity!r} contradicts the eviction config's granularity {pol_gran!r}; "
-                "give it in one place (make_cache reads it from the eviction config)"
-            )
         self._capacity = int(capacity_tokens)
         self.granularity = granularity
         self.root = Node(b"", 0, 0, None, 0, 0)
@@ -220,6 +168,9 @@ class RadixCache:
     def free_tokens(self) -> int:
         return self._capacity - self._total
 
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
     def stats(self) -> dict:
         """Counters a simulator/benchmark reads (policy counters included)."""
         out = {
@@ -253,7 +204,7 @@ class RadixCache:
                 pos += nb
                 node = child
             else:
-                return path, pos, child, _common_prefix_bytes(key, pos, ck)
+                return path, pos, child, common_prefix_len(key, pos, ck)
         return path, pos, None, 0
 
     def peek_prefix(self, tokens) -> int:
@@ -274,7 +225,7 @@ class RadixCache:
                 pos += nb
                 node = child
             else:
-                return (pos + _common_prefix_bytes(key, pos, ck)) >> 2
+                return (pos + common_prefix_len(key, pos, ck)) >> 2
         return pos >> 2
 
     def _split(self, child: Node, k: int) -> Node:
@@ -422,21 +373,65 @@ class RadixCache:
             return 0
         return self.policy.evict(int(num_tokens))[0]
 
-    def _evict_tokens(self, node: Node, r: int) -> bool:
-        """Remove the last r tokens of the evictable leaf `node`; True if the node is gone."""
+    # ------------------------------------------------------------------ what policies evict with
+    def truncate_leaf(self, node: Node, k: int) -> None:
+        """Evict the last k tokens (0 < k < node.n) of the evictable leaf `node`; it stays a leaf.
+
+        Its new last token was accessed k positions earlier: `node.stamp` drops by k (the
+        policy re-files the node if it orders by stamp). No policy hook is called.
+        """
+        if self.debug_on_evict is not None:
+            self.debug_on_evict(node, k)
+        if self.eviction_log is not None:
+            self._log_eviction(node, k)
+        self._total -= k
+        self._evictable -= k
+        self.evicted_tokens += k
+        node.n -= k
+        node.depth -= k
+        node.stamp -= k
+
+    def truncate_leaves(self, nodes: list, counts: list) -> list:
+        """Bulk `truncate_leaf` (RLT's token windows): each evictable leaf nodes[i] loses its
+        last counts[i] tokens if it keeps one; counts of 0 are skipped, and nodes with
+        counts[i] >= their length are left untouched for the caller to empty (`evict_leaf`):
+        returns those as [(node, count)] in input order."""
+        rest = []
+        if self.debug_on_evict is not None or self.eviction_log is not None:
+            for node, k in zip(nodes, counts):
+                if k:
+                    if k < node.n:
+                        self.truncate_leaf(node, k)
+                    else:
+                        rest.append((node, k))
+            return rest
+        done = 0
+        for node, k in zip(nodes, counts):
+            if k:
+                n = node.n - k
+                if n > 0:
+                    node.n = n
+                    node.depth -= k
+                    node.stamp -= k
+                    done += k
+                else:
+                    rest.append((node, k))
+        self._total -= done
+        self._evictable -= done
+        self.evicted_tokens += done
+        return rest
+
+    def evict_leaf(self, node: Node) -> None:
+        """Evict the whole evictable leaf `node`: the policy hears `leaf_removed(node)`, then
+        `leaf_added(parent)` if the parent became an evictable leaf."""
+        r = node.n
         if self.debug_on_evict is not None:
             self.debug_on_evict(node, r)
         if self.eviction_log is not None:
-            full = self.path_key(node)
-            self.eviction_log.extend(full[: len(full) - 4 * i] for i in range(r))
+            self._log_eviction(node, r)
         self._total -= r
         self._evictable -= r
         self.evicted_tokens += r
-        if r < node.n:
-            node.n -= r
-            node.depth -= r
-            node.stamp -= r  # the new last token was accessed r positions earlier
-            return False
         parent = node.parent
         del parent.children[node.key[:4]]
         node.parent = None
@@ -444,7 +439,10 @@ class RadixCache:
         self.policy.leaf_removed(node)
         if not parent.children and parent.lock_ref == 0:
             self.policy.leaf_added(parent)
-        return True
+
+    def _log_eviction(self, node: Node, r: int) -> None:
+        full = self.path_key(node)
+        self.eviction_log.extend(full[: len(full) - 4 * i] for i in range(r))
 
     # ------------------------------------------------------------------ the paper's path model
     def process_path(self, tokens) -> PathResult:

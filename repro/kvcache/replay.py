@@ -1,6 +1,6 @@
 """Trace replayer: the paper's single-worker model on a file of complete token paths.
 
-    python -m repro.kvcache.replay --trace FILE.jsonl --capacity B --policy lru|rlt|opt \
+    python -m repro.kvcache.replay --trace FILE.jsonl --capacity B --policy lru|rlt|opt|... \
         [--granularity token|node] [--batch BETA] [--seed S] [--per-phase]
 
 Input: one complete path Gamma_j per line, `{"tokens": [int, ...]}` (blank lines skipped).
@@ -29,8 +29,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from repro.kvcache.eviction import POLICY_NAMES, LRUEviction, OPTEviction, RLTEviction
-from repro.kvcache.radix_cache import GRANULARITIES, CapacityError, PathResult, RadixCache, as_key
+from repro.kvcache.eviction import eviction_policies
+from repro.kvcache.keys import as_key
+from repro.kvcache.radix_cache import GRANULARITIES, CapacityError, PathResult, RadixCache
 from repro.kvcache.trace_index import TraceIndex
 
 
@@ -99,6 +100,11 @@ class ReplayResult:
         return out
 
 
+def replay_policy_names() -> tuple[str, ...]:
+    """The registered policies the replayer runs (those declaring the `theory` backend)."""
+    return tuple(n for n, cls in eviction_policies().items() if "theory" in cls.backends)
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -121,8 +127,9 @@ def replay(
     capacity = _check_int("capacity", capacity, 1)
     batch = _check_int("batch", batch, 1)
     seed = _check_int("seed", seed, 0)
-    if policy not in POLICY_NAMES:
-        raise ValueError(f"policy must be one of {POLICY_NAMES}, got {policy!r}")
+    names = replay_policy_names()
+    if policy not in names:
+        raise ValueError(f"policy must be one of {names}, got {policy!r}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     keys = index.keys if index is not None else [as_key(p) for p in paths]
@@ -145,14 +152,9 @@ def replay(
                     f"the batch group of paths {g}..{min(len(keys), g + batch) - 1} holds {d} distinct tokens "
                     f"> capacity {capacity}: all paths of a group stay locked, so lower --batch or raise --capacity"
                 )
-    if policy == "lru":
-        pol = LRUEviction()
-    elif policy == "rlt":
-        pol = RLTEviction(seed)
-    else:
-        pol = OPTEviction(index)
+    pol = eviction_policies()[policy].create(seed, index)
     cache = RadixCache(capacity, pol, granularity, record_evictions=record_evictions)
-    is_opt = policy == "opt"
+    begin_path = pol.begin_path
     misses = np.zeros(len(keys), dtype=np.int64)
     hits = 0
     evicted = 0
@@ -160,8 +162,7 @@ def replay(
     for g in range(0, len(keys), batch):
         locked = []
         for j in range(g, min(len(keys), g + batch)):
-            if is_opt:
-                pol.begin_path(j)
+            begin_path(j)
             res = process(keys[j])
             hits += res.hits
             misses[j] = res.misses
@@ -222,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.kvcache.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True, help="jsonl file, one {\"tokens\": [...]} per line")
     ap.add_argument("--capacity", type=int, required=True, help="cache capacity B in tokens")
-    ap.add_argument("--policy", required=True, choices=POLICY_NAMES)
+    ap.add_argument("--policy", required=True, choices=replay_policy_names())
     ap.add_argument("--granularity", default="token", choices=GRANULARITIES)
     ap.add_argument("--batch", type=int, default=1, help="batch size beta (Theorem 5 model)")
     ap.add_argument("--seed", type=int, default=0, help="RLT's random seed")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
-from repro.kvcache.radix_cache import _common_prefix_bytes, as_key
+from repro.kvcache.keys import as_key, common_prefix_len
 
 
 class TrieNode:
@@ -79,7 +79,7 @@ class TraceIndex:
                 pos += len(ck)
                 node = child
                 continue
-            m = _common_prefix_bytes(key, pos, ck)
+            m = common_prefix_len(key, pos, ck)
             upper = TrieNode(ck[:m], child.start, child.start + (m >> 2), node)
             node.children[ck[:4]] = upper
             upper.children[ck[m : m + 4]] = child

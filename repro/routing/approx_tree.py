@@ -25,7 +25,8 @@ sglang-router 0.3.2's `tree.rs` (facts only, written anew here; docs/ALGORITHMS.
 
 Why hand-written: it runs once per routed request on prompts of thousands of units; keys
 are `str` or `bytes` and every comparison is a slice comparison (memcmp in C), with a
-binary search for the mismatch point, never a Python loop over characters or tokens.
+binary search for the mismatch point (`repro.kvcache.keys.common_prefix_len`, the comparator
+every tree shares), never a Python loop over characters or tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from __future__ import annotations
 import heapq
 import itertools
 from typing import Iterator, Sequence
+
+from repro.kvcache.keys import common_prefix_len
 
 Key = str | bytes
 
@@ -46,23 +49,6 @@ class _Node:
         self.tenants: dict[int, int] = {}  # tenant -> last access epoch
         self.parent = parent
         self.creator = creator  # the real router's cached `last_tenant`
-
-
-def common_prefix_units(node_key: Key, key: Key, pos: int, unit: int) -> int:
-    """Length (in key positions, a multiple of `unit`) of the common prefix of node_key and key[pos:]."""
-    n = min(len(node_key), len(key) - pos)
-    if key[pos : pos + n] == node_key[:n]:
-        return n
-    # Binary search over whole units (keys are whole units): lo units match, hi units do not.
-    lo, hi = 0, n // unit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        b = mid * unit
-        if key[pos : pos + b] == node_key[:b]:
-            lo = mid
-        else:
-            hi = mid
-    return lo * unit
 
 
 class ApproximateTree:
@@ -106,7 +92,7 @@ class ApproximateTree:
                 self.tenant_size[tenant] = size + (n - pos) // u
                 return
             ck = child.key
-            shared = common_prefix_units(ck, key, pos, u)
+            shared = common_prefix_len(key, pos, ck, u)
             if shared < len(ck):
                 # Split: node -> upper(ck[:shared]) -> child(ck[shared:]); upper copies the tenants.
                 upper = _Node(ck[:shared], node, child.creator)
@@ -159,7 +145,7 @@ class ApproximateTree:
             child = node.children.get(key[pos : pos + u])
             if child is None:
                 break
-            shared = common_prefix_units(child.key, key, pos, u)
+            shared = common_prefix_len(key, pos, child.key, u)
             pos += shared
             node = child
             if shared < len(child.key):

@@ -94,14 +94,6 @@ class Router:
         Default: nothing is held. The simulator never abandons a request."""
 
 
-def token_key(tokens: np.ndarray) -> bytes:
-    """Packed little-endian int32 bytes of a token-id array: the radix-tree key format.
-
-    Comparing two keys' slices is one memcmp in C; a token is 4 bytes.
-    """
-    return np.asarray(tokens).astype("<i4", copy=False).tobytes()
-
-
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> str:
     """Return `value` if it is one of `allowed`, else raise a ValueError naming the key."""
     if value not in allowed:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from repro.kvcache.radix_cache import RadixCache, _common_prefix_bytes
+from repro.kvcache import RadixCache, common_prefix_len
 
 
 def tracker_access(cache, key: bytes) -> int:
@@ -122,7 +122,7 @@ class SharedPrefixIndex:
                 pos += len(ck)
                 children = child.children
             else:
-                pos += _common_prefix_bytes(key, pos, ck)
+                pos += common_prefix_len(key, pos, ck)
                 break
         if prev:
             out.append((pos >> 2, prev))
@@ -165,7 +165,7 @@ class SharedPrefixIndex:
             if child is None:
                 break
             full = key.startswith(child.key, pos)
-            pos += len(child.key) if full else _common_prefix_bytes(key, pos, child.key)
+            pos += len(child.key) if full else common_prefix_len(key, pos, child.key)
             for w in child.inflight:
                 out[w] = pos >> 2
             if not full:
@@ -189,7 +189,7 @@ class SharedPrefixIndex:
             else:
                 ck = child.key
                 if not key.startswith(ck, pos):  # diverges or ends inside: split there
-                    child = self._split(child, _common_prefix_bytes(key, pos, ck))
+                    child = self._split(child, common_prefix_len(key, pos, ck))
             path.append(child)
             pos += len(child.key)
             node = child
@@ -273,7 +273,7 @@ class SharedPrefixIndex:
             elif pos < fb:  # a node must end where the cached part does (or where full diverges)
                 ck = child.key
                 if not full.startswith(ck, pos):
-                    k = _common_prefix_bytes(full, pos, ck)
+                    k = common_prefix_len(full, pos, ck)
                     child = self._split(child, k if k < fb - pos else fb - pos)
                 elif pos + len(ck) > fb:
                     child = self._split(child, fb - pos)

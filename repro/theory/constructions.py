@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from repro.kvcache import as_key
+
 LEAF_BASE = 1_000_000
 
 
@@ -103,8 +105,9 @@ def random_prefix_tree_trace(
             head = np.zeros(0, dtype=np.int32)
         tail = rng.integers(0, vocab, size=length - len(head)).astype(np.int32)
         path = np.concatenate([head, tail]).astype(np.int32)
-        if path.tobytes() not in seen:
-            seen.add(path.tobytes())
+        key = as_key(path)
+        if key not in seen:
+            seen.add(key)
             distinct.append(path)
     picks = rng.integers(0, len(distinct), size=num_requests)
     return [distinct[int(i)] for i in picks]

@@ -4,7 +4,7 @@
 calls per cell. `params` fully define the cell:
 
     construction      "thm4" | "thm5" | "random"
-    policy            "lru" | "rlt" | "opt"
+    policy            a registered eviction policy that runs on the theory backend: "lru" | "rlt" | "opt"
     granularity       "token" (the paper's model) | "node"
     b_minus_l_plus_1  thm4: x = B - L + 1 (so B = x + L - 1)
     b_minus_l_minus_beta_plus_2   thm5: x = B - L - beta + 2 (so B = x + L + beta - 2)
@@ -12,7 +12,7 @@ calls per cell. `params` fully define the cell:
     min_path_len      L (thm4/thm5; random: the shortest path length)
     beta              batch size (thm5; 1 otherwise)
     num_phases        complete steady-state phases measured (phases 2 .. num_phases + 1)
-    num_seeds         RLT: independent runs (LRU and OPT are deterministic: one run)
+    num_seeds         randomized policies (RLT): independent runs (LRU and OPT are deterministic: one run)
     seed              base seed; run i uses SeedSequence(seed).generate_state(num_seeds)[i]
     (random only: num_distinct, max_len, vocab, num_requests)
 
@@ -29,7 +29,8 @@ from typing import Mapping
 
 import numpy as np
 
-from repro.kvcache.replay import replay
+from repro.kvcache import eviction_policies
+from repro.kvcache.replay import replay, replay_policy_names
 from repro.kvcache.trace_index import TraceIndex
 from repro.theory.constructions import random_prefix_tree_trace, theorem4_trace, theorem5_trace
 
@@ -101,15 +102,17 @@ def run_theory_cell(params: Mapping) -> dict:
     params = dict(params)
     paths, B, beta, ref = build_cell_trace(params)  # validates construction and sizes first
     policy = params.get("policy")
-    if policy not in ("lru", "rlt", "opt"):
-        raise ValueError(f"policy must be 'lru', 'rlt' or 'opt', got {policy!r}")
+    names = replay_policy_names()
+    if policy not in names:
+        raise ValueError(f"policy must be one of {', '.join(repr(n) for n in names)}, got {policy!r}")
+    randomized = eviction_policies()[policy].randomized
     granularity = params.get("granularity", "token")
     num_seeds = _int(params, "num_seeds", 1)
     seed = _int(params, "seed", 0)
     t0, c0 = time.perf_counter(), time.process_time()
     index = TraceIndex(paths)
-    runs = num_seeds if policy == "rlt" else 1  # LRU and OPT are deterministic
-    seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(runs)] if policy == "rlt" else [seed]
+    runs = num_seeds if randomized else 1  # LRU and OPT are deterministic
+    seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(runs)] if randomized else [seed]
     per_seed, misses, phases = [], [], None
     for s in seeds:
         res = replay(paths, B, policy, granularity, beta, s, index=index)

@@ -42,9 +42,11 @@ class PrefixIndex:
 
     @staticmethod
     def _common(edge: np.ndarray, seg: np.ndarray) -> int:
+        """Tokens edge and seg share (their first token is equal: the child was found by it)."""
+        from repro.kvcache.keys import as_key, common_prefix_len
+
         m = min(len(edge), len(seg))
-        diff = np.flatnonzero(edge[:m] != seg[:m])
-        return int(diff[0]) if len(diff) else m
+        return common_prefix_len(as_key(seg[:m]), 0, as_key(edge[:m])) >> 2
 
     def match_prefix(self, tokens: np.ndarray) -> int:
         children, pos, n = self.root, 0, len(tokens)

@@ -12,8 +12,9 @@
    RLT vs LRU on the same trace and capacity, node and token granularity, interleaved
    repeats (best of each: the least disturbed estimate on a shared machine), ratio RLT / LRU.
    `--baseline-rev REV` adds, interleaved in the same run, RLT as implemented at git
-   revision REV (its repro/kvcache/eviction.py loaded beside ours; valid while the cache's
-   policy hooks are unchanged): before/after numbers of a policy change, side by side.
+   revision REV (its repro/kvcache/eviction/rlt.py loaded beside ours; valid while the cache's
+   policy hooks and eviction verbs are unchanged, so not across the split of eviction.py into
+   one module per policy): before/after numbers of a policy change, side by side.
 3. peek_prefix of a 4096-token prompt against a tree of ~3200 nodes (what routers call for
    every worker on every request): full hit, miss after the shared prefix, divergence in
    the middle of the prefix; bytes and int32-array inputs (best of 5 rounds).
@@ -95,12 +96,12 @@ def run_ours(trace, capacity: int, policy: str = "lru", granularity: str = "node
 
 
 def eviction_module_at(rev: str) -> types.ModuleType:
-    """repro/kvcache/eviction.py as of git revision `rev`, loaded as a separate module."""
-    src = subprocess.run(
-        ["git", "show", f"{rev}:repro/kvcache/eviction.py"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
+    """repro/kvcache/eviction/rlt.py as of git revision `rev`, loaded as a separate module
+    (it is not in the policy registry: only modules of the package are)."""
+    path = "repro/kvcache/eviction/rlt.py"
+    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     mod = types.ModuleType(f"eviction_at_{rev}")
-    exec(compile(src, f"{rev}:repro/kvcache/eviction.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:{path}", "exec"), mod.__dict__)
     return mod
 
 
@@ -115,7 +116,7 @@ def eviction_cost(
         cache = make_cache(capacity, {"name": policy, "granularity": granularity}, seed)
     else:
         assert policy == "rlt", "a baseline module is only used for RLT"
-        cache = RadixCache(capacity, module.RLTEviction(seed, granularity=granularity), granularity)
+        cache = RadixCache(capacity, module.RLTEviction(seed), granularity)
     timer = [0.0]
     for key in keys:
         _request(cache, key, timer)

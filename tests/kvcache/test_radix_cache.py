@@ -169,8 +169,7 @@ def test_constructor_errors():
         RadixCache(3.0)
     with pytest.raises(ValueError, match="granularity"):
         RadixCache(10, LRUEviction(), "page")
-    with pytest.raises(ValueError, match="contradicts"):
-        RadixCache(10, LRUEviction(granularity="token"), "node")
+    assert RadixCache(10, LRUEviction()).granularity == "node"
     pol = LRUEviction()
     RadixCache(10, pol)
     with pytest.raises(ValueError, match="already attached"):
@@ -186,20 +185,28 @@ def test_process_path_rejects_too_long_path():
 # ---------------------------------------------------------------- factory and config files
 def test_make_eviction_and_make_cache():
     assert isinstance(make_eviction({"name": "lru"}, 0), LRUEviction)
-    pol = make_eviction({"name": "rlt", "granularity": "token"}, np.random.default_rng(3))
-    assert isinstance(pol, RLTEviction) and pol.granularity == "token"
+    assert isinstance(make_eviction({"_target_": "repro.kvcache.RLTEviction"}, np.random.default_rng(3)), RLTEviction)
     c = make_cache(64, {"name": "rlt", "granularity": "token"}, 1)
     assert c.granularity == "token" and c.capacity_tokens == 64
+    assert not hasattr(c.policy, "granularity")  # stored once: the cache's
     assert make_cache(64, {"name": "lru"}, 0).granularity == "node"  # SGLang's default
+    c = make_cache(64, {"_target_": "repro.kvcache.LRUEviction", "name": "lru", "granularity": "token"}, 0)
+    assert isinstance(c.policy, LRUEviction) and c.granularity == "token"
 
 
 @pytest.mark.parametrize(
     "cfg, msg",
     [
-        ({"name": "fifo"}, "unknown eviction policy"),
+        ({"name": "fifo"}, "unknown eviction policy 'fifo'; choose one of lru, opt, rlt"),
         ({"name": "opt"}, "future trace"),
         ({"name": "lru", "granularity": "page"}, "granularity"),
+        ({"name": "lru", "granularity": "node"}, "granularity belongs to the cache"),
         ({"name": "lru", "capacity": 3}, "unknown eviction config keys"),
+        ({}, "eviction needs a name"),
+        ({"_target_": "repro.kvcache.RLTEviction", "name": "lru"}, "contradicts"),
+        ({"_target_": "repro.kvcache.nothing_here.X"}, "cannot be imported"),
+        ({"_target_": "repro.kvcache.RadixCache"}, "not an eviction policy class"),
+        ({"_target_": "repro.kvcache.EvictionPolicy"}, "not a registered policy"),
         ("lru", "mapping"),
     ],
 )
@@ -214,7 +221,8 @@ def test_conf_eviction_files_build_node_granularity_policies():
     for name in ("lru", "rlt"):
         path = ROOT / "conf" / "eviction" / f"{name}.yaml"
         raw = yaml.safe_load(path.read_text())
-        assert raw == {"name": name, "granularity": "node"}
+        cls = {"lru": LRUEviction, "rlt": RLTEviction}[name]
+        assert raw == {"_target_": f"repro.kvcache.{cls.__name__}", "name": name, "granularity": "node"}
         cache = make_cache(128, OmegaConf.load(path), 0)  # a DictConfig is a Mapping
         assert cache.granularity == "node" and cache.policy.name == name
 

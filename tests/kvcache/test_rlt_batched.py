@@ -256,7 +256,7 @@ def test_rlt_windows_run_is_a_legal_reference_run(case, seed):
 @FAST
 @given(case=traces(max_len=12), seed=st.integers(0, 1000))
 def test_recording_evictions_changes_no_outcome(case, seed):
-    """The debug/log path (evictions through _evict_tokens) and the inline path draw alike."""
+    """With the cache's debug hook / eviction log on and off, the draws are alike."""
     paths, cap, batch = case
     with windows_always():
         plain = replay(paths, cap, "rlt", "token", batch, seed=seed)

@@ -46,7 +46,7 @@ def edit_comments_and_docstrings(path: Path) -> None:
 CODE = {
     "simulator": "repro/sim/cluster.py",
     "router": "repro/routing/lbgr.py",
-    "eviction": "repro/kvcache/eviction.py",
+    "eviction": "repro/kvcache/eviction/rlt.py",
     "workload": "repro/workloads/gsp.py",
     "cost model": "repro/costmodel/model.py",
 }

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.routing.approx_tree import ApproximateTree, common_prefix_units
-from repro.kvcache import as_key as token_bytes
+from repro.kvcache import as_key
+from repro.routing.approx_tree import ApproximateTree
 
 
 class ReferenceTree:
@@ -47,10 +47,10 @@ class ReferenceTree:
         return {t: len(p) for t, p in prefixes.items()}
 
 
-def as_key(s: str, unit: int):
+def tree_key(s: str, unit: int):
     if unit == 1:
         return s
-    return token_bytes(np.array([ord(c) for c in s], dtype=np.int32))
+    return as_key(np.array([ord(c) for c in s], dtype=np.int32))
 
 
 strings = st.text(alphabet="abcé", max_size=8)
@@ -62,20 +62,20 @@ ops = st.lists(st.tuples(st.integers(0, 3), strings), max_size=25)
 def test_tree_matches_reference(ops, queries, unit):
     tree, ref = ApproximateTree(unit=unit), ReferenceTree()
     for k, (tenant, s) in enumerate(ops):
-        tree.insert(as_key(s, unit), tenant)
+        tree.insert(tree_key(s, unit), tenant)
         ref.insert(s, tenant)
     assert tree.tenant_size == ref.sizes()
     assert tree.used_size_per_tenant() == tree.tenant_size
     for q in queries:
         m_ref, tenants_ref = ref.match(q)
         # Which tenants sit on the node where matching stops, in arrival order.
-        m, node = tree.walk(as_key(q, unit))
+        m, node = tree.walk(tree_key(q, unit))
         assert m == m_ref
         assert list(node.tenants) == tenants_ref
         # The tenant reported is the node's creator: the first to reach it (no trimming here);
         # the root has no creator: the first tenant in tenant_order (default: lowest id).
         expected = (min(tenants_ref) if node is tree.root else tenants_ref[0]) if tenants_ref else None
-        assert tree.prefix_match(as_key(q, unit)) == (m_ref, expected)
+        assert tree.prefix_match(tree_key(q, unit)) == (m_ref, expected)
     assert tree.tenant_size == ref.sizes()  # matching never changes sizes
 
 
@@ -95,14 +95,6 @@ def test_eviction_keeps_sizes_consistent_and_within_budget(ops, max_units):
         assert node.tenants or node.children
         assert set(node.tenants) <= set(node.parent.tenants)
         assert node.parent.children[node.key[:1]] is node
-
-
-def test_common_prefix_units_whole_tokens():
-    a = token_bytes(np.array([1, 2, 3, 4], dtype=np.int32))
-    b = token_bytes(np.array([1, 2, 3 + 256, 4], dtype=np.int32))  # differs in the 2nd byte of token 3
-    assert common_prefix_units(a, b, 0, 4) == 8
-    assert common_prefix_units("abcdef", "xxabcxyz", 2, 1) == 3
-    assert common_prefix_units("abc", "xxabc", 2, 1) == 3
 
 
 def test_insert_split_and_sizes_table():

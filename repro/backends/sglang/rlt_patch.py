@@ -79,9 +79,11 @@ import logging
 
 import numpy as np
 
+from repro.kvcache import RLTEviction
+
 logger = logging.getLogger(__name__)
 
-RLT_POLICY_NAME = "rlt"
+RLT_POLICY_NAME = RLTEviction.name  # the registry's name (repro.kvcache.eviction_policies()), not a copy
 RADIX_BACKEND_NAME = "repro_radix"
 
 _applied = False
