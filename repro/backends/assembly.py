@@ -167,11 +167,19 @@ def build_caches(cfg: Mapping, capacities: Sequence[int], seeds: SeedPlan) -> li
     return [make_cache(cap, eviction, s) for cap, s in zip(capacities, seeds.workers)]
 
 
+def eviction_errors(eviction_cfg: Mapping | None, backend: str = "sim") -> list[str]:
+    """What is wrong with a conf/eviction node for `backend` ("sim": our RadixCache, emulated SGLang
+    workers included; "sglang": the real server), from the eviction registry's own check."""
+    if not isinstance(eviction_cfg, Mapping) or not (eviction_cfg.get("name") or eviction_cfg.get("_target_")):
+        return ["eviction is missing or has no name (choose eviction=<name> from conf/eviction/, or policy=<router>_<eviction>)"]
+    return _module("repro.kvcache").check_eviction_config(to_plain(eviction_cfg), backend)
+
+
 def router_errors(router_cfg: Mapping | None) -> list[str]:
     """What is wrong with a conf/router node before building it: no `_target_`, a target that
     cannot be imported, keys its constructor does not take. Messages name no router (callers do)."""
     if not isinstance(router_cfg, Mapping) or not router_cfg.get("_target_"):
-        return ["router is missing or has no _target_ (choose policy=<name>, see conf/policy/)"]
+        return ["router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)"]
     from hydra.utils import get_object
 
     target = str(router_cfg["_target_"])

@@ -29,7 +29,6 @@ from repro.confutil import get_path
 
 ORDERS = ("random", "round_robin", "trace")  # trace: trace workloads only (mooncake; its spec checks)
 TRACKING_MODES = ("offline", "online", "disabled")
-EVICTION_GRANULARITIES = ("node", "token")
 NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/workload/router
 
 
@@ -139,21 +138,10 @@ def value_errors(cfg: Mapping) -> list[str]:
     router = cfg.get("router")
     need(
         isinstance(router, Mapping) and bool(router.get("_target_")),
-        "router is missing or has no _target_ (choose policy=<name>, see conf/policy/)",
+        "router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)",
     )
-    errs.extend(eviction_errors(cfg.get("eviction")))
+    errs.extend(assembly.eviction_errors(cfg.get("eviction")))  # the eviction registry's check
     return errs
-
-
-def eviction_errors(eviction: Any) -> list[str]:
-    """The cheap checks of the `eviction` node (the one place: the eviction registry's own check
-    replaces this body once it lands); the deep layer then builds a cache with it."""
-    if not isinstance(eviction, Mapping) or not eviction.get("name"):
-        return ["eviction is missing or has no name (choose policy=<name>, see conf/policy/)"]
-    gran = eviction.get("granularity")
-    if gran is not None and gran not in EVICTION_GRANULARITIES:
-        return [f"eviction.granularity must be one of {', '.join(EVICTION_GRANULARITIES)} (got {gran!r})"]
-    return []
 
 
 _Memo = assembly.Memo  # the harness's name for it (batch.py, validate_configs)

@@ -80,7 +80,7 @@ def test_good_config_has_no_errors(good_cfg):
         ("seed", -3, "seed must be an integer >= 0"),
         ("tracking.mode", "cloud", "tracking.mode must be one of"),
         ("backend.name", "gpu_magic", "unknown backend 'gpu_magic'"),
-        ("eviction.granularity", "page", "eviction.granularity must be one of node, token"),
+        ("eviction.granularity", "page", "eviction.granularity must be one of token, node"),
         ("exp_name", "../x", "exp_name must be a plain folder name"),
     ],
 )

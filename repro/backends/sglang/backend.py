@@ -39,12 +39,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from repro.backends import assembly
 from repro.backends.sglang.config import backend_config_errors  # keys and defaults: config.py
 from repro.confutil import get_path, to_plain
 
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
 NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
-SGLANG_EVICTIONS = ("lru", "rlt")  # what the patched SGLang server offers
 
 
 def _is_pos(v: Any) -> bool:
@@ -84,14 +84,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
     if get_path(cfg, "router.tracker") == "exact":
         errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
                     "the live backend needs tracker=approximate")
-    ev_name = get_path(cfg, "eviction.name")
-    ev_gran = get_path(cfg, "eviction.granularity", "node")
-    if ev_name == "opt":
-        errs.append("eviction.name=opt needs the whole future trace: simulator/theory only")
-    elif not emulate and ev_name not in SGLANG_EVICTIONS:
-        errs.append(f"eviction.name={ev_name!r}: the SGLang server offers {SGLANG_EVICTIONS}")
-    if not emulate and ev_gran != "node":
-        errs.append(f"eviction.granularity={ev_gran!r}: SGLang evicts whole radix-tree nodes (granularity=node)")
+    # emulated workers run our RadixCache (backend "sim" of the eviction registry), servers SGLang's
+    errs += assembly.eviction_errors(cfg.get("eviction"), "sim" if emulate else "sglang")
     if b.get("placement", "auto") not in ("auto", "local"):
         errs.append(f"backend.placement must be auto or local, got {b.get('placement')!r}")
     gpus = b.get("gpus")
