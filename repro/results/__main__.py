@@ -91,7 +91,10 @@ def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[st
     experiment (policy, rate, seed, ...). Pairs only where that key is unique on both sides."""
     ca, cb = _settings(sa), _settings(sb)
     common = set.intersection(*(set(c) for c in (*ca.values(), *cb.values()))) if ca and cb else set()
-    varying = sorted(k for k in common if len({c[k] for c in (*ca.values(), *cb.values())}) > 1)
+    # varying WITHIN a folder: a key constant on each side but different between them (results_dir,
+    # n_jobs, a changed default) tells no cells apart
+    varying = sorted(k for k in common
+                     if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1)
 
     def index(cfgs: dict[str, dict]) -> dict[tuple, list[str]]:
         idx: dict[tuple, list[str]] = {}
