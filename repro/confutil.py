@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,6 +16,20 @@ CONF_DIR = PROJECT_ROOT / "conf"
 def to_plain(node: Any) -> Any:
     """An OmegaConf node as plain dicts/lists with interpolations resolved; anything else as is."""
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def is_int(v: Any) -> bool:
+    """An integer config value (a bool is not one, though Python says it is)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """A finite int or float config value (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_positive(v: Any) -> bool:
+    return is_number(v) and v > 0
 
 
 def get_path(cfg: Mapping, dotted: str, default: Any = None) -> Any:

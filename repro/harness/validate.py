@@ -20,12 +20,11 @@ All problems of all cells are gathered into one ConfigError, grouped by message.
 from __future__ import annotations
 
 import functools
-import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from repro.backends import UnknownBackendError, assembly, backend_module_path
 from repro.backends.assembly import SchedulerConfig
-from repro.confutil import get_path
+from repro.confutil import get_path, is_int, is_number
 
 ORDERS = ("random", "round_robin", "trace")  # trace: trace workloads only (mooncake; its spec checks)
 TRACKING_MODES = ("offline", "online", "disabled")
@@ -34,14 +33,6 @@ NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/worklo
 
 class ConfigError(ValueError):
     """One clear message for everything wrong with a sweep; raised before any cell runs."""
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,9 +67,9 @@ def value_errors(cfg: Mapping) -> list[str]:
             errs.append(msg)
 
     seed = cfg.get("seed")
-    need(_is_int(seed) and seed >= 0, f"seed must be an integer >= 0 (got {seed!r})")
+    need(is_int(seed) and seed >= 0, f"seed must be an integer >= 0 (got {seed!r})")
     n_jobs = cfg.get("n_jobs")
-    need(n_jobs is None or (_is_int(n_jobs) and n_jobs >= 1), f"n_jobs must be null or >= 1 (got {n_jobs!r})")
+    need(n_jobs is None or (is_int(n_jobs) and n_jobs >= 1), f"n_jobs must be null or >= 1 (got {n_jobs!r})")
     exp_name = cfg.get("exp_name")
     need(
         isinstance(exp_name, str) and exp_name and "/" not in exp_name and not exp_name.startswith("."),
@@ -88,7 +79,7 @@ def value_errors(cfg: Mapping) -> list[str]:
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
     stream, points = get_path(cfg, "tracking.stream"), get_path(cfg, "tracking.max_points")
     need(stream in ("auto", True, False, None), f"tracking.stream must be auto, true or false (got {stream!r})")
-    need(points is None or (_is_int(points) and points >= 4), f"tracking.max_points must be >= 4 (got {points!r})")
+    need(points is None or (is_int(points) and points >= 4), f"tracking.max_points must be >= 4 (got {points!r})")
 
     backend = get_path(cfg, "backend.name")
     try:
@@ -100,17 +91,17 @@ def value_errors(cfg: Mapping) -> list[str]:
         return errs
 
     workers = get_path(cfg, "cluster.num_workers")
-    need(_is_int(workers) and workers >= 1, f"cluster.num_workers must be an integer >= 1 (got {workers!r})")
+    need(is_int(workers) and workers >= 1, f"cluster.num_workers must be an integer >= 1 (got {workers!r})")
     frac = get_path(cfg, "cluster.mem_fraction")
-    need(_is_num(frac) and 0 < frac <= 1, f"cluster.mem_fraction must be in (0, 1] (got {frac!r})")
+    need(is_number(frac) and 0 < frac <= 1, f"cluster.mem_fraction must be in (0, 1] (got {frac!r})")
     kv = get_path(cfg, "cluster.kv_cache_tokens")
     if isinstance(kv, list):
         need(
-            all(_is_int(v) and v >= 1 for v in kv) and (not _is_int(workers) or len(kv) == workers),
+            all(is_int(v) and v >= 1 for v in kv) and (not is_int(workers) or len(kv) == workers),
             f"cluster.kv_cache_tokens as a list needs one integer >= 1 per worker ({workers}) (got {kv!r})",
         )
     else:
-        need(kv is None or (_is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
+        need(kv is None or (is_int(kv) and kv >= 1), f"cluster.kv_cache_tokens must be null or >= 1 (got {kv!r})")
     sched = get_path(cfg, "cluster.scheduler")
     if sched is not None and not isinstance(sched, Mapping):
         errs.append(f"cluster.scheduler must be a mapping (got {sched!r})")
@@ -124,13 +115,13 @@ def value_errors(cfg: Mapping) -> list[str]:
     else:
         rate = wl.get("request_rate")
         if rate is not None:
-            need(_is_num(rate) and rate > 0, f"workload.request_rate must be > 0 req/s (got {rate!r})")
+            need(is_number(rate) and rate > 0, f"workload.request_rate must be > 0 req/s (got {rate!r})")
         nq = wl.get("num_queries")
         if nq is not None:
-            need(_is_int(nq) and nq >= 1, f"workload.num_queries must be an integer >= 1 (got {nq!r})")
+            need(is_int(nq) and nq >= 1, f"workload.num_queries must be an integer >= 1 (got {nq!r})")
         out = wl.get("output_len")
         if out is not None:
-            need(_is_int(out) and out >= 1, f"workload.output_len must be an integer >= 1 (got {out!r})")
+            need(is_int(out) and out >= 1, f"workload.output_len must be an integer >= 1 (got {out!r})")
         order = wl.get("order")
         if order is not None:
             need(order in ORDERS, f"workload.order must be one of {', '.join(ORDERS)} (got {order!r})")

@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from repro.kvcache.keys import as_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -201,7 +202,7 @@ class RequestTable:
         n = self.n = len(self.requests)
         self.arrival_s = [float(r.arrival_s) for r in self.requests]
         self.prompt_tokens = [np.ascontiguousarray(r.prompt_tokens, dtype=np.int32) for r in self.requests]
-        self.prompt_key = [t.tobytes() for t in self.prompt_tokens]  # the radix tree's key format
+        self.prompt_key = [as_key(t) for t in self.prompt_tokens]  # the radix tree's key format
         self.prompt_len = [len(t) for t in self.prompt_tokens]
         self.output_len = [int(r.output_len) for r in self.requests]
         nan = float("nan")
@@ -220,7 +221,7 @@ class RequestTable:
     def full_key(self, i: int) -> bytes:
         """Key of the complete path prompt || generated."""
         gen = np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32)
-        return self.prompt_key[i] + gen.tobytes()
+        return self.prompt_key[i] + as_key(gen)
 
 
 class SimTimings:

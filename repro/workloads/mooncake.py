@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from repro.confutil import is_int
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng, order_random, order_round_robin, poisson_arrivals
 from repro.workloads.base import DataSource, Workload, WorkloadError, WorkloadSpec, _Problems
@@ -91,10 +92,6 @@ def _open(path: Path):
     return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _row_problem(obj, block_size: int) -> str | None:
     if not isinstance(obj, dict):
         return "not a JSON object"
@@ -104,11 +101,11 @@ def _row_problem(obj, block_size: int) -> str | None:
     ts, n_in, n_out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
         return f"timestamp must be a number >= 0 (ms), got {ts!r}"
-    if not _is_int(n_in) or n_in < 1:
+    if not is_int(n_in) or n_in < 1:
         return f"input_length must be an integer >= 1, got {n_in!r}"
-    if not _is_int(n_out) or n_out < 1:
+    if not is_int(n_out) or n_out < 1:
         return f"output_length must be an integer >= 1, got {n_out!r}"
-    if not isinstance(ids, list) or not all(_is_int(h) and 0 <= h < MAX_HASH_ID for h in ids):
+    if not isinstance(ids, list) or not all(is_int(h) and 0 <= h < MAX_HASH_ID for h in ids):
         return f"hash_ids must be a list of integers in [0, 2^32), got {str(ids)[:60]}"
     want = -(-n_in // block_size)
     if len(ids) != want:

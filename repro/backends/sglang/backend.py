@@ -34,21 +34,16 @@ latencies test the machinery; they are not results.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from repro.backends import assembly
 from repro.backends.sglang.config import backend_config_errors  # keys and defaults: config.py
-from repro.confutil import get_path, to_plain
+from repro.confutil import get_path, is_positive, to_plain
 
 # Keys that only say where / how things run, never what a cell measures: out of the signature.
 NON_RESULT_BACKEND_KEYS = ("host", "gpus", "log_dir", "python", "placement")
-
-
-def _is_pos(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def validate_cell(cfg: Mapping) -> list[str]:
@@ -62,7 +57,7 @@ def validate_cell(cfg: Mapping) -> list[str]:
         errs.append(f"backend.emulate must be true or false, got {emulate!r}")
         emulate = False
     ts = b.get("time_scale", 1.0)
-    if not _is_pos(ts):
+    if not is_positive(ts):
         errs.append(f"backend.time_scale must be a number > 0, got {ts!r}")
     elif not emulate and ts != 1.0:
         errs.append(f"backend.time_scale={ts} applies to emulated workers only (real SGLang servers run in "

@@ -18,14 +18,12 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from repro.confutil import is_positive
+
 
 ROUTER_IMPLS = ("ours", "sglang_router")  # backend.router_impl
 SGLANG_ROUTER_POLICIES = ("cache_aware", "random", "round_robin")  # what sglang-router 0.3.2 runs
 PLACEMENTS = ("auto", "local")  # backend.placement
-
-
-def _is_pos(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 # ---------------------------------------------------------------------------- backend sections
@@ -172,7 +170,7 @@ def backend_config_errors(backend: Any) -> list[str]:
     if isinstance(timeouts, Mapping):
         for key in (f.name for f in fields(Timeouts)):
             v = timeouts.get(key)
-            if v is not None and not _is_pos(v):
+            if v is not None and not is_positive(v):
                 errs.append(f"backend.timeouts.{key} must be a number > 0, got {v!r}")
     return errs
 
@@ -206,7 +204,7 @@ class RouterServiceConfig(RouterServiceSection):
         for name in ("time_scale", "request_timeout_s", "connect_timeout_s", "health_check_interval_s",
                      "health_check_timeout_s", "startup_health_timeout_s", "stall_timeout_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            if not is_positive(v):
                 raise ValueError(f"router service: {name} must be a number > 0, got {v!r}")
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ValueError(f"router service: max_retries must be an integer >= 0, got {self.max_retries!r}")
