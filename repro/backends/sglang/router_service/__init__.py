@@ -5,7 +5,7 @@
 Clients POST SGLang's `/generate` (streaming or not, `input_ids` or `text`; see
 repro.backends.sglang.protocol) to the service; it asks the configured router — the very
 `repro.routing` class the simulator uses (LBGR, cache-aware, random, ...; built with
-`hydra.utils.instantiate(cfg.router)` in cli.build_router) — for a worker, forwards the body unchanged,
+`repro.backends.assembly.build_router`, as in the simulator) — for a worker, forwards the body unchanged,
 streams the reply back event by event, and tells the router about the completion.
 
 What the router sees (`LiveWorkerView`, the repro.routing.base.WorkerView contract), filled from
