@@ -103,9 +103,12 @@ def seed_values(g: pd.DataFrame, system: str, metric: str) -> dict[int, float]:
     i = np.flatnonzero(g[SYSTEM].to_numpy() == system)
     if not len(i):
         raise KeyError(f"no {system} cells")
-    if PER_SEED not in g:
-        return {}
-    return dict(g[PER_SEED].iloc[i[0]].get(metric, {}))
+    return row_seeds(g.iloc[i[0]], metric)
+
+
+def row_seeds(row: pd.Series, metric: str) -> dict[int, float]:
+    """{seed: metric} of one aggregated row (from with_seeds; {} when not attached)."""
+    return dict(row[PER_SEED].get(metric, {})) if PER_SEED in row else {}
 
 
 

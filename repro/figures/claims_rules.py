@@ -15,11 +15,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from repro.figures.claims_evidence import (
-    PER_SEED, Results, common_seeds, improvement, points, seed_values, value, versus,
+    Results, common_seeds, improvement, points, row_seeds, seed_values, value, versus,
 )
 from repro.figures.claims_verdict import (
     FACTOR_BAND, HIGHER, LOSS, NO_DATA, NOT, REPRODUCED, SHORT, TIE, TPUT_TIE, WIN, Checks, Finding, compare, num,
-    numeric, paired, pct, qualitative, seedwise, times, worst,
+    listed, numeric, paired, pct, qualitative, seedwise, times, worst,
 )
 from repro.figures.load import SYSTEM
 from repro.figures.style import BASELINES, OURS, PAPER_SYSTEMS
@@ -282,9 +282,7 @@ def gap_widens(name: str, system: str, x: str, metric: str):
                                                          f"{times(g0)} at {x0:g} → {times(g1)} at {x1:g}")
         if not len(checks):
             return Finding("needs ≥ 2 memory fractions", NO_DATA)
-        f = qualitative(checks, "benchmarks")
-        return Finding("; ".join(d for _, _, d in checks.items) + (" (tie within noise)" if any(
-            o == TIE for o, _, _ in checks.items) else ""), f.verdict)
+        return listed(checks, "benchmarks")
     return run
 
 
@@ -304,8 +302,7 @@ def rlt_beats_lru(name: str, metrics: Iterable[str]):
                 continue
             lru, rlt = g.iloc[ev["lru"]], g.iloc[ev["rlt"]]
             for m in metrics:
-                per = lambda row: dict(row[PER_SEED].get(m, {})) if PER_SEED in row else {}  # noqa: E731
-                outcome, n = compare(m, per(rlt), per(lru), rlt[m], lru[m])
+                outcome, n = compare(m, row_seeds(rlt, m), row_seeds(lru, m), rlt[m], lru[m])
                 checks.add(outcome, n, f"{label} {SHORT[m]}: RLT {num(rlt[m])} vs L-LRU {num(lru[m])}")
         return qualitative(checks, f"workload×metric comparisons ({', '.join(SHORT[m] for m in metrics)})")
     return run
@@ -324,15 +321,12 @@ def timely_decay(name: str, metric: str):
                 if len(line) < 2:
                     continue
                 lo, hi = line.iloc[0], line.iloc[-1]
-                per = lambda row: dict(row[PER_SEED].get(m, {})) if PER_SEED in row else {}  # noqa: E731
-                outcome, n = compare(m, per(lo), per(hi), lo[m], hi[m])
+                outcome, n = compare(m, row_seeds(lo, m), row_seeds(hi, m), lo[m], hi[m])
                 checks.add(outcome, n, f"{s}: {SHORT[m]} {num(lo[m])} s at Δt={lo[x]:g} s vs {num(hi[m])} s at "
                                        f"Δt={hi[x]:g} s")
         if not len(checks):
             return Finding("needs ≥ 2 decay intervals", NO_DATA)
-        f = qualitative(checks, "LBGR systems")
-        return Finding("; ".join(d for _, _, d in checks.items) + (" (tie within noise)" if any(
-            o == TIE for o, _, _ in checks.items) else ""), f.verdict)
+        return listed(checks, "LBGR systems")
     return run
 
 

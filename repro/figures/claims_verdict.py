@@ -136,6 +136,14 @@ def qualitative(checks, unit: str) -> Finding:
     return Finding(text, verdict)
 
 
+def listed(checks: "Checks", unit: str) -> Finding:
+    """qualitative's verdict, with every check's description as the text (and a tie note)."""
+    text = "; ".join(d for _, _, d in checks.items)
+    if any(o == TIE for o, _, _ in checks.items):
+        text += " (tie within noise)"
+    return Finding(text, qualitative(checks, unit).verdict)
+
+
 def numeric(ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None,
             direction: int | None = None) -> Finding:
     """Same direction as the paper (sign of the change, or factor > 1) and within FACTOR_BAND.
