@@ -167,10 +167,9 @@ def build_caches(cfg: Mapping, capacities: Sequence[int], seeds: SeedPlan) -> li
     return [make_cache(cap, eviction, s) for cap, s in zip(capacities, seeds.workers)]
 
 
-def eviction_errors(eviction_cfg: Mapping | None, backend: str | None = None) -> list[str]:
-    """What is wrong with a conf/eviction node, from the eviction registry's own check; with `backend`
-    ("sim": our RadixCache, emulated SGLang workers included; "sglang": the real server) also whether
-    that backend can run it."""
+def eviction_errors(eviction_cfg: Mapping | None, backend: str = "sim") -> list[str]:
+    """What is wrong with a conf/eviction node for `backend` ("sim": our RadixCache, emulated SGLang
+    workers included; "sglang": the real server), from the eviction registry's own check."""
     if not isinstance(eviction_cfg, Mapping) or not (eviction_cfg.get("name") or eviction_cfg.get("_target_")):
         return ["eviction is missing or has no name (choose eviction=<name> from conf/eviction/, or policy=<router>_<eviction>)"]
     return _module("repro.kvcache").check_eviction_config(to_plain(eviction_cfg), backend)

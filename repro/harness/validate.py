@@ -131,9 +131,8 @@ def value_errors(cfg: Mapping) -> list[str]:
         isinstance(router, Mapping) and bool(router.get("_target_")),
         "router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)",
     )
-    # the eviction registry's check (for the simulator, whether it runs the policy too; the sglang
-    # backend's validate_cell asks for emulated or real workers itself)
-    errs.extend(assembly.eviction_errors(cfg.get("eviction"), "sim" if backend == "sim" else None))
+    if backend == "sim":  # the eviction registry's check; sglang's validate_cell asks for its workers itself
+        errs.extend(assembly.eviction_errors(cfg.get("eviction"), "sim"))
     return errs
 
 
