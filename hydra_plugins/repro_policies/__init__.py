@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from repro.confutil import CONF_DIR
 _DISPLAY = re.compile(r"^\s*#\s*@display\s+(\S+)\s*$")
 
 
