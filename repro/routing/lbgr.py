@@ -172,33 +172,45 @@ class LBGRRouter(Router):
         """b of service_model kv_batch: requests like this one that fit in the worker's KV (>= 1)."""
         return self.service.decode_batch(worker, prompt_len, out_len)
 
-    def _predict_loop(self, hits: list[int], prompt_len: int, out_len: float):
-        """S and E per worker as Python lists: a plain loop (small M)."""
+    def _predict_loop(self, hits: list[int], prompt_len: int, out_len: float, loads: list[float]):
+        """S and E per worker as Python lists: a plain loop (small M). S, hit / ts and miss / ts
+        are computed once per distinct hit (workers mostly share a few hits)."""
         svc = self.service
         shares = svc.decode_shares(prompt_len, out_len)
-        loads = self.load_est.tolist()
         ts, ls = self.token_scale, self.load_scale_s
         prefill = svc.prefill
+        terms: dict[int, tuple] = {}
+        per_worker = []
         if len(shares) == 1:  # one class: S depends on the hit only
             d = shares[0]
-            by_hit: dict[int, float] = {}
-            service = []
             for hit in hits:
-                s = by_hit.get(hit)
-                if s is None:
-                    s = by_hit[hit] = prefill(0, prompt_len, hit) + d
-                service.append(s)
+                t = terms.get(hit)
+                if t is None:
+                    t = terms[hit] = (prefill(0, prompt_len, hit) + d, hit / ts, (prompt_len - hit) / ts)
+                per_worker.append(t)
         else:
             cls = svc.class_of
-            service = [prefill(cls[i], prompt_len, hit) + shares[cls[i]] for i, hit in enumerate(hits)]
+            for i, hit in enumerate(hits):
+                c = cls[i]
+                t = terms.get((c, hit))
+                if t is None:
+                    t = terms[(c, hit)] = (prefill(c, prompt_len, hit) + shares[c], hit / ts, (prompt_len - hit) / ts)
+                per_worker.append(t)
+        service = [t[0] for t in per_worker]
         if self.learner is None:
             return service, [s + p for s, p in zip(service, loads)]
         t3_min = self._theta3_min
         predicted = []
-        for hit, s, p, (t0, t1, t2, t3) in zip(hits, service, loads, self.learner.theta_rows):
-            if t3 < t3_min:
-                t3 = t3_min
-            predicted.append(s + p + (t0 + t1 * (hit / ts) + t2 * ((prompt_len - hit) / ts) + t3 * (p / ls)))
+        if ls == 1.0:  # p / 1.0 == p exactly
+            for (s, h, u), p, (t0, t1, t2, t3) in zip(per_worker, loads, self.learner.theta_rows):
+                if t3 < t3_min:
+                    t3 = t3_min
+                predicted.append(s + p + (t0 + t1 * h + t2 * u + t3 * p))
+        else:
+            for (s, h, u), p, (t0, t1, t2, t3) in zip(per_worker, loads, self.learner.theta_rows):
+                if t3 < t3_min:
+                    t3 = t3_min
+                predicted.append(s + p + (t0 + t1 * h + t2 * u + t3 * (p / ls)))
         return service, predicted
 
     def _predict_vector(self, key: bytes, workers: Sequence[WorkerView], prompt_len: int, out_len: float):
@@ -263,7 +275,7 @@ class LBGRRouter(Router):
         out_len = self.expected_output_len(request)
         if not self._vector:
             hits = self.tracked_hits(key, workers)
-            service, predicted = self._predict_loop(hits, prompt_len, out_len)
+            service, predicted = self._predict_loop(hits, prompt_len, out_len, self.load_est.tolist())
             return key, hits, service, predicted
         e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
         return key, [int(x) for x in h.tolist()], s_arr.tolist(), e.tolist()
@@ -299,8 +311,8 @@ class LBGRRouter(Router):
             s, p, hit = float(s_arr[worker]), float(load[worker]), int(h[worker])
         else:
             hits = self.tracked_hits(key, workers)
-            service, predicted = self._predict_loop(hits, prompt_len, out_len)
             loads = load.tolist()
+            service, predicted = self._predict_loop(hits, prompt_len, out_len, loads)
             worker = 0
             for i in range(1, len(predicted)):  # argmin; ties -> lower load, then lower id
                 if predicted[i] < predicted[worker] or (

@@ -291,6 +291,7 @@ class RidgeRLSLearner:
         """theta for the current D, c: K_i for the updated workers, the prior, theta's rows."""
         delta = self.delta
         dirty = self._dirty
+        theta = None
         K, C = self._K, self._c
         for w in dirty:
             K[w] = _inv4(self._D[w], delta)
@@ -303,7 +304,8 @@ class RidgeRLSLearner:
             q0, q1, q2, q3 = delta * p[0], delta * p[1], delta * p[2], delta * p[3]
             if self._numpy:
                 b = self._c_np + (q0, q1, q2, q3)
-                self._rows = np.matmul(self._K_np, b[:, :, None])[:, :, 0].tolist()
+                theta = np.matmul(self._K_np, b[:, :, None])[:, :, 0]
+                self._rows = theta.tolist()
             else:
                 rows = []
                 for (k00, k01, k02, k03, k11, k12, k13, k22, k23, k33), (c0, c1, c2, c3) in zip(K, C):
@@ -326,7 +328,7 @@ class RidgeRLSLearner:
                     k02 * b0 + k12 * b1 + k22 * b2 + k23 * b3,
                     k03 * b0 + k13 * b1 + k23 * b2 + k33 * b3,
                 ]  # fmt: skip
-        self._theta_np = None
+        self._theta_np = theta  # None: built from the rows when read
         self._version += 1
         dirty.clear()
         self._stale = False

@@ -34,6 +34,7 @@ class ServiceTime:
             for i in idx:
                 self.class_of[i] = c
         self._memo: dict[tuple, float] = {}
+        self._shares: dict[tuple, list[float]] = {}
 
     def decode_batch(self, worker: int, prompt_len: int, out_len: float) -> int:
         """b of service_model kv_batch: requests like this one that fit in the worker's KV (>= 1)."""
@@ -42,7 +43,16 @@ class ServiceTime:
         return max(1, int(self.capacity[worker] // (prompt_len + out_len)))
 
     def decode_shares(self, prompt_len: int, out_len: float) -> list[float]:
-        """Per worker class: the request's 1/b share of (o - 1) decode steps at batch b."""
+        """Per worker class: the request's 1/b share of (o - 1) decode steps at batch b (memoised
+        per (prompt length, o): the returned list is shared, never modify it)."""
+        shares = self._shares.get((prompt_len, out_len))
+        if shares is None:
+            if len(self._shares) >= _MEMO_MAX:
+                self._shares.clear()
+            shares = self._shares[(prompt_len, out_len)] = self._decode_shares(prompt_len, out_len)
+        return shares
+
+    def _decode_shares(self, prompt_len: int, out_len: float) -> list[float]:
         decode_steps = max(out_len - 1.0, 0.0)
         if not decode_steps > 0:
             return [0.0] * len(self.classes)

@@ -99,6 +99,7 @@ class SharedPrefixIndex:
         self.root.mask = (1 << num_workers) - 1
         self.inflight_size = 0  # prompts in flight
         self._idx: dict[int, np.ndarray] = {}
+        self._walked: tuple | None = None  # (key, full nodes, bytes, partial node, its bytes) of levels()
 
     # ------------------------------------------------------------------ lookups
     def levels(self, key: bytes) -> list[tuple[int, int]]:
@@ -109,6 +110,8 @@ class SharedPrefixIndex:
         children = self.root.children
         pos, n = 0, len(key)
         prev = 0
+        path = []
+        partial, k = None, 0
         while pos < n:
             child = children.get(key[pos : pos + 4])
             if child is None:
@@ -121,11 +124,14 @@ class SharedPrefixIndex:
             if key.startswith(ck, pos):
                 pos += len(ck)
                 children = child.children
+                path.append(child)
             else:
-                pos += common_prefix_len(key, pos, ck)
+                partial, k = child, common_prefix_len(key, pos, ck)
                 break
+        # kept for an add_inflight of this very key next (a decision's dispatch): no second walk
+        self._walked = (key, path, pos, partial, k)
         if prev:
-            out.append((pos >> 2, prev))
+            out.append(((pos + k) >> 2, prev))
         return out
 
     def hits(self, key: bytes) -> list[int]:
@@ -216,9 +222,28 @@ class SharedPrefixIndex:
         del node.parent.children[node.key[:4]]
 
     # ------------------------------------------------------------------ updates
+    def _path_after_levels(self, key: bytes) -> list[_Node] | None:
+        """_path(key, True) from the walk of the last levels(key) (None if the index changed since)."""
+        walked = self._walked
+        if walked is None or walked[0] is not key:
+            return None
+        _, path, pos, partial, k = walked
+        node = path[-1] if path else self.root
+        if partial is not None:
+            node = self._split(partial, k)
+            path.append(node)
+            pos += k
+        if pos < len(key):
+            child = _Node(key[pos:], node)
+            node.children[key[pos : pos + 4]] = child
+            path.append(child)
+        return path
+
     def add_inflight(self, key: bytes, worker: int) -> None:
         bit = 1 << worker
-        for node in self._path(key, True):
+        path = self._path_after_levels(key)
+        self._walked = None
+        for node in self._path(key, True) if path is None else path:
             fl = node.inflight
             fl[worker] = fl.get(worker, 0) + 1
             node.imask |= bit
@@ -227,6 +252,7 @@ class SharedPrefixIndex:
 
     def remove_inflight(self, key: bytes, worker: int) -> None:
         """Remove one in-flight prompt `key` of `worker` (it must have been added)."""
+        self._walked = None
         bit = ~(1 << worker)
         gone = None
         for node in self._path(key, False):
@@ -246,6 +272,7 @@ class SharedPrefixIndex:
 
     def add_cached(self, key: bytes, tokens: int, worker: int) -> None:
         """key[:tokens] is now entirely in `worker`'s tracked cache."""
+        self._walked = None
         if tokens <= 0:
             return
         bit = 1 << worker
@@ -257,6 +284,7 @@ class SharedPrefixIndex:
         """One walk for a completion: (if `inflight`) the prompt `key` of `worker` leaves the
         in-flight prompts, and full[:tokens] (full = key + generated tokens) is now entirely in
         `worker`'s tracked cache. Same holders as remove_inflight then add_cached."""
+        self._walked = None
         bit = 1 << worker
         keep = ~bit
         pb = len(key) if inflight else 0
@@ -301,6 +329,7 @@ class SharedPrefixIndex:
     def remove_cached(self, path_key: bytes, kept: int, worker: int) -> None:
         """`worker`'s tracked cache drops the tokens of `path_key` deeper than `kept` tokens
         (path_key ends at an evicted leaf of that cache, so it holds nothing deeper)."""
+        self._walked = None
         bit = 1 << worker
         node, pos, n = self.root, 0, len(path_key)
         cut = kept << 2

@@ -96,6 +96,45 @@ def test_shared_index_levels_are_nested_and_give_the_hits(data):
         assert tracker.hits(key) == want
 
 
+def _shape(node, depth=0):
+    """The index as nested (key, cmask, imask, inflight) tuples in child order (for equality)."""
+    return [(c.key, c.cmask, c.imask, sorted(c.inflight.items()), _shape(c, depth + 1))
+            for _, c in sorted(node.children.items())]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dispatch_after_levels_reuses_the_walk_and_builds_the_same_index(seed):
+    """A decision walks the index (levels) and its dispatch reuses that walk: the index must be
+    the one add_inflight builds from scratch, whatever happened before (splits, evictions)."""
+    rng = np.random.default_rng(seed)
+    m = 3
+    both = [ApproximateTracker([make_cache(40, {"name": "lru", "granularity": "node"}, i) for i in range(m)], True)
+            for _ in range(2)]
+    systems = [tuple(int(x) for x in rng.integers(0, 4, int(rng.integers(2, 12)))) for _ in range(4)]
+    live = []
+    for step in range(400):
+        if live and rng.random() < 0.45:
+            prompt, w = live.pop(int(rng.integers(0, len(live))))
+            key = as_key(np.array(prompt, dtype=np.int32))
+            gen = as_key(rng.integers(0, 4, int(rng.integers(1, 4))).astype(np.int32))
+            for t in both:
+                t.completed(key, key + gen, w)
+        else:
+            prompt = systems[int(rng.integers(0, 4))][: int(rng.integers(0, 13))] + tuple(
+                int(x) for x in rng.integers(0, 4, int(rng.integers(0, 5))))
+            w = int(rng.integers(0, m))
+            key = as_key(np.array(prompt, dtype=np.int32))
+            both[0].index.levels(key)  # the decision's walk, reused by the dispatch
+            if rng.random() < 0.2:  # ... unless the index changed in between
+                probe = as_key(np.array(systems[0], dtype=np.int32))
+                for t in both:
+                    t.index.add_cached(probe, len(probe) // 4, (w + 1) % m)
+            for t in both:
+                t.dispatched(key, w)
+            live.append((prompt, w))
+        assert _shape(both[0].index.root) == _shape(both[1].index.root), step
+
+
 # ---------------------------------------------------------------------------- evaluation paths
 def _drive(router, views, rng, n=120):
     """A random stream with completions; yields (request, now) before each decision."""
