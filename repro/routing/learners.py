@@ -65,7 +65,6 @@ class RLSLearner:
 # 4 x 4 symmetric matrices as 10-tuples, the upper triangle row by row:
 # (a00, a01, a02, a03, a11, a12, a13, a22, a23, a33).
 _EYE10 = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0)
-_DIAG10 = (0, 4, 7, 9)  # positions of a00, a11, a22, a33
 # From this many workers on, theta's rows K_i (c_i + delta prior) are one numpy call instead of a
 # Python loop (measured, plain loop vs numpy per update: equal at 16 workers, numpy 20 % faster at 24).
 NUMPY_MIN_WORKERS = 20

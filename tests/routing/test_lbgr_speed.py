@@ -291,6 +291,31 @@ def test_ridge_learner_wants_four_features():
         RidgeRLSLearner(2, 3)
 
 
+@pytest.mark.parametrize("m", [3, 25])  # 25: LBGR's numpy evaluation and the learner's numpy rows
+def test_flip_counter_counts_flips_and_only_flips(monkeypatch, m):
+    """The flip diagnostic (tests/benchmarks/bench_learner_flips.py) on a random stream: with the
+    pre-issue-20 learner as its shadow it sees every decision and no flip; with a shadow that
+    learns differently (another regularisation) it counts the decisions that change."""
+    from tests.benchmarks.bench_learner_flips import ShadowRouter
+
+    monkeypatch.setattr(lbgr_mod, "VECTOR_MIN_WORKERS", 20)
+    cost = LinearCostModel(prefill_base_s=0.01, per_new_s=1e-3, decode_base_s=0.02, per_batch_s=0.001)
+    counts = []
+    for other_delta in (None, 0.5):
+        views = make_views(m, capacity=400, cost_model=cost)
+        shadow = ShadowRouter(LBGRRouter(cache_factory=simple_cache_factory))
+        shadow.reset(views, 0)
+        if other_delta is not None:
+            lr = shadow.inner.learner
+            shadow.ref = InverseEveryUpdate(m, 4, lr.lam, other_delta, lr.pooled, lr.pool_delta)
+            shadow.ref_view.ref = shadow.ref
+        for _ in _drive(shadow, views, np.random.default_rng(1), n=300):
+            pass
+        counts.append((shadow.decisions, shadow.flips))
+    assert counts[0] == (300, 0)
+    assert counts[1][0] == 300 and counts[1][1] > 0
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_vector_path_matches_the_reference_decisions(monkeypatch, seed):
     """The from-scratch reference of test_lbgr.py, with every decision on the numpy path."""
