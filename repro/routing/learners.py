@@ -152,8 +152,8 @@ class RidgeRLSLearner:
     then theta's rows K_j (c_j + delta prior) for every worker j (the prior moved; one numpy
     call from NUMPY_MIN_WORKERS workers on). Not the same rounding as the numpy inverse it
     replaced (LAPACK getrf / getri): theta agrees with it to ~1e-13 relative; the accepted
-    tolerance and the decision flips measured on the paper's cells: tests/routing/
-    test_lbgr_speed.py, repro/analysis/learner_flips.py. With `lazy=True` the solve waits until
+    tolerance and the decision flips measured on the paper's cells (none): tests/routing/
+    test_lbgr_speed.py, tests/benchmarks/bench_learner_flips.py. With `lazy=True` the solve waits until
     theta is next read (one solve for all the samples since). Why not Sherman-Morrison on K_i:
     the prior term delta I does not fade while D_i does, so D_i + delta I changes by
     phi phi' + (lambda - 1) D_i per sample, not by a rank-one term.

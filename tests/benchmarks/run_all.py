@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "sim": ("bench_sim.py", ["--repeat", "1"],
             "simulated requests per second, Fig. 2 GSP cell (>= 5,000; issue 20: LBGR+RLT >= 40k, CA+LRU >= 60k, "
             "vs the simulator alone and Vidur's engine)"),
+    "learner_flips": ("bench_learner_flips.py", ["--exp", "fig2_main", "--limit", "6"],
+                      "LBGR decisions the learner's Cholesky solve flips vs the old numpy inverse (issue 20: 0)"),
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),
     "workloads": ("bench_workloads.py", ["--repeat", "1"], "workload build vs cached load"),
     "tokenizer": ("bench_tokenizer.py", ["--limit", "20000"], "ShareGPT through Llama-3: encode_batch vs one by one"),
