@@ -223,7 +223,10 @@ class LBGRRouter(Router):
         cls = svc.class_of
         if self.tracker_state is not None:
             index = self.tracker_state.index
+            ts = self.token_scale
             h = self._zeros.copy()
+            us = np.empty(len(cls))  # (L - h) / ts, per level as a Python float (the same division)
+            us.fill(prompt_len / ts)
             if single:
                 s_arr = self._ones * (prefill(0, prompt_len, 0) + shares[0])
             else:
@@ -231,6 +234,7 @@ class LBGRRouter(Router):
             for t, mask in index.levels(key):
                 idx = index.holders(mask)
                 h[idx] = t
+                us[idx] = (prompt_len - t) / ts
                 if single:
                     s_arr[idx] = prefill(0, prompt_len, t) + shares[0]
                 else:
@@ -238,6 +242,7 @@ class LBGRRouter(Router):
         else:
             hits = [w.peek_prefix(key) for w in workers]
             h = np.array(hits, dtype=float)
+            us = None
             s_arr = np.array([prefill(cls[i], prompt_len, x) + shares[cls[i]] for i, x in enumerate(hits)])
         load = self.load_est
         e = s_arr + load
@@ -245,7 +250,7 @@ class LBGRRouter(Router):
             t0, t1, t2, t3 = self._theta_columns()
             ts, ls = self.token_scale, self.load_scale_s
             r = t0 + t1 * (h / ts)
-            r += t2 * ((prompt_len - h) / ts)
+            r += t2 * (((prompt_len - h) / ts) if us is None else us)
             r += t3 * (load if ls == 1.0 else load / ls)  # p / 1.0 == p exactly
             e += r
         return e, s_arr, h
@@ -305,9 +310,11 @@ class LBGRRouter(Router):
         if self._vector:
             e, s_arr, h = self._predict_vector(key, workers, prompt_len, out_len)
             worker = int(e.argmin())
-            tied = e == e[worker]
-            if np.count_nonzero(tied) > 1:  # ties -> lower load, then lower id
-                worker = min(np.flatnonzero(tied).tolist(), key=lambda i: (load[i], i))
+            best = e[worker]
+            e[worker] = math.inf  # a tie: another worker at the minimum (rare)
+            if e[int(e.argmin())] == best:  # ties -> lower load, then lower id
+                e[worker] = best
+                worker = min(np.flatnonzero(e == best).tolist(), key=lambda i: (load[i], i))
             s, p, hit = float(s_arr[worker]), float(load[worker]), int(h[worker])
         else:
             hits = self.tracked_hits(key, workers)
