@@ -218,10 +218,13 @@ class RequestTable:
         self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
         self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
 
+    def gen_key(self, i: int) -> bytes:
+        """Key of the generated tokens alone."""
+        return as_key(np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32))
+
     def full_key(self, i: int) -> bytes:
         """Key of the complete path prompt || generated."""
-        gen = np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32)
-        return self.prompt_key[i] + as_key(gen)
+        return self.prompt_key[i] + self.gen_key(i)
 
 
 class SimTimings:
@@ -329,6 +332,10 @@ class SimWorker:
                     f"request only when that + 2 <= the worker's KV capacity ({self.capacity} tokens)"
                 )
         self._step_time_s = cost_model.step_time_s
+        # walk-free verbs of repro.kvcache.RadixCache (None for other caches: the plain verbs then)
+        self._insert_after = getattr(cache, "insert_after", None)
+        self._access_path = getattr(cache, "access_path", None)
+        self._rank_nodes: dict[int, Any] | None = None  # this pass's rank matches: i -> (length, node)
 
         self.waiting: list[int] = []  # request indices in arrival order
         self._waiting_prefill = 0  # sum of (prompt - est_hit) over waiting
@@ -435,9 +442,17 @@ class SimWorker:
         w = self.waiting
         est = t.est_hit
         cache = self.cache
+        rank_match = self.rank_match
+        if rank_match:
+            nodes = self._rank_nodes = {}
         if len(w) == 1:  # the common case at light load: nothing to sort
             i = w[0]
-            p = cache.match_prefix(t.prompt_key[i]).length if self.rank_match else self._peek(i)
+            if rank_match:
+                m = cache.match_prefix(t.prompt_key[i])
+                p = m.length
+                nodes[i] = m
+            else:
+                p = self._peek(i)
             h = self._computed_hit(i, p)
             self._waiting_prefill += est[i] - h
             est[i] = h
@@ -446,8 +461,10 @@ class SimWorker:
         keys = []
         seen = None
         for i in w:
-            if self.rank_match:
-                p = cache.match_prefix(t.prompt_key[i]).length
+            if rank_match:
+                m = cache.match_prefix(t.prompt_key[i])
+                p = m.length
+                nodes[i] = m
             else:
                 p = self._peek(i)
             h = self._computed_hit(i, p)
@@ -514,7 +531,7 @@ class SimWorker:
         self.tree_version += 1
         return True
 
-    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int) -> int:
+    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int, rm: Any = None) -> int:
         """SGLang's PrefillAdder.add_one_req memory rule; returns this admission's `extra`, -1 if refused.
 
         SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,
@@ -533,7 +550,12 @@ class SimWorker:
         if self.per_chunk and new > rem_chunk:
             new = rem_chunk
         phys = self._pass_phys + new + out  # tokens the batch's allocation will need
-        node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
+        if rm is not None and p < plen and self._access_path is not None:
+            # the match of the prompt capped at len - 1 ends where this pass's rank match did
+            # (p < len): access that path again instead of walking a copy of the capped key
+            node = self._access_path(rm.last_node).last_node
+        else:
+            node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
         cache.inc_lock_ref(node)
         room = self.capacity - cache.total_size() - self.reserved_tokens + cache.evictable_size()
         if want >= room or phys > room:
@@ -612,6 +634,7 @@ class SimWorker:
                 else:  # our tree already holds the rest
                     extra = n + 1 + (out if n == rest else 0) - rest - out
         ranked = None
+        self._rank_nodes = None
         if self.waiting and (self.rank_sglang_times) and (slots > 0 or ch >= 0):
             # SGLang ranks (and, with lpm_rank_access=match, accesses) whenever a pass runs
             ranked = self.last_ranked = self._ranked_waiting()
@@ -620,11 +643,14 @@ class SimWorker:
             if ranked is None:
                 ranked = self.last_ranked = self._ranked_waiting()
             no_chunking = self.chunk_limit == NO_CHUNK_LIMIT
+            rank_nodes = self._rank_nodes
             for i in ranked:
                 if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
                 plen = t.prompt_len[i]
-                p = self._peek(i)
+                rm = rank_nodes.get(i) if rank_nodes is not None else None
+                # the pass's rank match is the tree's match now: the pass changes no content
+                p = rm.length if rm is not None else self._peek(i)
                 h = self._computed_hit(i, p)
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0
@@ -632,7 +658,7 @@ class SimWorker:
                     # SGLang checks the input budget per request only without chunking
                     if no_chunking and batch and n_total >= rem_input:
                         break
-                    e = self._admit_exact(i, p, c0, extra, rem_chunk)
+                    e = self._admit_exact(i, p, c0, extra, rem_chunk, rm)
                     if e < 0:
                         break
                     extra += e
@@ -714,6 +740,7 @@ class SimWorker:
             per_chunk = self.per_chunk
             if per_chunk:
                 cache, cstart, keys, locks = self.cache, t.compute_start, t.prompt_key, t.lock_node
+                insert_after = self._insert_after
                 self.alloc_tokens = 0
                 self.tree_version += 1
             for i, n in batch:
@@ -722,9 +749,13 @@ class SimWorker:
                 if per_chunk:  # SGLang's cache_unfinished_req: the computed prefix into the tree
                     key = keys[i]
                     end = (cstart[i] + pf) << 2
-                    ins = cache.insert(key if end == len(key) else key[:end])
+                    lock = locks[i]
+                    if insert_after is not None:  # below the locked prefix: only the new chunk's bytes
+                        ins = insert_after(lock, key[lock.depth << 2 : end])
+                    else:
+                        ins = cache.insert(key if end == len(key) else key[:end])
                     cache.inc_lock_ref(ins.last_node)
-                    cache.dec_lock_ref(locks[i])
+                    cache.dec_lock_ref(lock)
                     locks[i] = ins.last_node
                 if pf < clen[i]:
                     chunked = i
@@ -774,9 +805,14 @@ class SimWorker:
         t = self.table
         out = t.output_len[i]
         self.reserved_tokens -= out  # the reservation becomes the generated path's room
-        self.cache.insert(t.full_key(i))
+        lock = t.lock_node[i]
+        if self._insert_after is not None and lock.depth == t.prompt_len[i]:
+            # the prompt's locked last node: insert the generated tokens below it
+            self._insert_after(lock, t.gen_key(i))
+        else:
+            self.cache.insert(t.full_key(i))
         self.tree_version += 1
-        self.cache.dec_lock_ref(t.lock_node[i])
+        self.cache.dec_lock_ref(lock)
         t.lock_node[i] = None
         t.finish_s[i] = now
         self.live_generated -= out
