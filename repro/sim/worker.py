@@ -174,6 +174,10 @@ class RequestTable:
 
     Workers write the record fields (worker, first_token_s, finish_s, cached_tokens) in place,
     so that building the records at the end is one conversion, not a loop over objects.
+    A prompt's key (`prompt_key[i]`, the radix tree's format) exists only while the request is
+    in flight: built once when it is dispatched (`key`), dropped when it finishes, so a cell
+    holds keys for its in-flight requests only, not a copy of every prompt.
+    (`prompt_tokens` stays for subclasses that keep their own copies; this class never fills it.)
     """
 
     __slots__ = (
@@ -201,9 +205,9 @@ class RequestTable:
         self.requests = list(requests)
         n = self.n = len(self.requests)
         self.arrival_s = [float(r.arrival_s) for r in self.requests]
-        self.prompt_tokens = [np.ascontiguousarray(r.prompt_tokens, dtype=np.int32) for r in self.requests]
-        self.prompt_key = [as_key(t) for t in self.prompt_tokens]  # the radix tree's key format
-        self.prompt_len = [len(t) for t in self.prompt_tokens]
+        self.prompt_tokens: list = []
+        self.prompt_key: list[bytes | None] = [None] * n  # while in flight (see the class docstring)
+        self.prompt_len = [int(r.prompt_len) for r in self.requests]
         self.output_len = [int(r.output_len) for r in self.requests]
         nan = float("nan")
         self.worker = [-1] * n
@@ -217,6 +221,13 @@ class RequestTable:
         self.est_hit = [0] * n  # hit estimate while waiting (for waiting_prefill_tokens)
         self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
         self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
+
+    def key(self, i: int) -> bytes:
+        """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
+        k = self.prompt_key[i]
+        if k is None:
+            k = self.prompt_key[i] = as_key(np.ascontiguousarray(self.requests[i].prompt_tokens, dtype=np.int32))
+        return k
 
     def gen_key(self, i: int) -> bytes:
         """Key of the generated tokens alone."""
@@ -332,6 +343,8 @@ class SimWorker:
                     f"request only when that + 2 <= the worker's KV capacity ({self.capacity} tokens)"
                 )
         self._step_time_s = cost_model.step_time_s
+        decode = getattr(cost_model, "decode_step_time_s", None)  # the same floats, memoised (StepCostModel)
+        self._decode_time_s = decode if decode is not None else (lambda b, c: cost_model.step_time_s(0, 0.0, b, c))
         # walk-free verbs of repro.kvcache.RadixCache (None for other caches: the plain verbs then)
         self._insert_after = getattr(cache, "insert_after", None)
         self._access_path = getattr(cache, "access_path", None)
@@ -340,7 +353,7 @@ class SimWorker:
         self.waiting: list[int] = []  # request indices in arrival order
         self._waiting_prefill = 0  # sum of (prompt - est_hit) over waiting
         self.chunked = -1  # request in chunked prefill, -1 if none
-        self.pending: list[tuple[np.ndarray, int]] = []  # (prompt, first uncomputed position)
+        self.pending: list[tuple[bytes, int]] = []  # (prompt key, first uncomputed position)
         self.n_running = 0  # decode batch size
         self.n_admitted = 0  # admitted and unfinished (prefilling or running)
         self.context_tokens = 0  # sum of (prompt + generated) over the running batch
@@ -382,6 +395,8 @@ class SimWorker:
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
         t = self.table
+        if t.prompt_key[i] is None:
+            t.key(i)
         h = self._computed_hit(i, self._peek(i))
         t.est_hit[i] = h
         self._waiting_prefill += t.prompt_len[i] - h
@@ -404,10 +419,12 @@ class SimWorker:
         positions 0..start.
         """
         if self.pending and p:
-            toks = self.table.prompt_tokens[i]
-            for other, start in self.pending:
-                if p > start and toks[start] == other[start] and np.array_equal(toks[:start], other[:start]):
-                    p = start
+            key = self.table.prompt_key[i]
+            for other, start in self.pending:  # other: a prompt key
+                if p > start:
+                    b = start << 2
+                    if key[b : b + 4] == other[b : b + 4] and key.startswith(memoryview(other)[:b]):
+                        p = start
         return p
 
     def _ranked_waiting(self) -> list[int]:
@@ -676,7 +693,7 @@ class SimWorker:
                 clen[i] = n_total
                 prefilled[i] = 0
                 if h < plen:
-                    pending.append((t.prompt_tokens[i], h))
+                    pending.append((t.prompt_key[i], h))
                 n = n_total if n_total <= rem_chunk else rem_chunk
                 batch.append((i, n))
                 tokens += n
@@ -714,7 +731,7 @@ class SimWorker:
             self._batch = None
             batch, admitted, tokens, attn = (), (), 0, 0.0
             decode_batch, context = self.n_running, self.context_tokens
-            dur = self._step_time_s(0, 0.0, decode_batch, context)
+            dur = self._decode_time_s(decode_batch, context)
         else:
             return -1.0
         if not 0.0 <= dur < float("inf"):
@@ -778,7 +795,7 @@ class SimWorker:
                         lst.append(i)
             self.chunked = chunked
             if chunked >= 0 and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
-                self.pending = [(t.prompt_tokens[chunked], t.compute_start[chunked] + prefilled[chunked])]
+                self.pending = [(t.prompt_key[chunked], t.compute_start[chunked] + prefilled[chunked])]
             else:
                 self.pending = []
             self._batch = None
@@ -814,6 +831,7 @@ class SimWorker:
         self.tree_version += 1
         self.cache.dec_lock_ref(lock)
         t.lock_node[i] = None
+        t.prompt_key[i] = None  # in flight no more
         t.finish_s[i] = now
         self.live_generated -= out
         self.active_kv_tokens -= t.prompt_len[i] + out

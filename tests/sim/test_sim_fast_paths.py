@@ -1,0 +1,63 @@
+"""The worker's fast paths against its plain-contract paths, on random cells.
+
+The worker uses `RadixCache.insert_after` / `access_path` and `StepCostModel.decode_step_time_s`
+when its cache / cost model have them, and the plain contract (`insert`, `match_prefix`,
+`step_time_s`) otherwise. Twin runs of random cells, one with the real cache and cost model and
+one with wrappers exposing only the plain contract, must give identical records, stats and
+final trees (LRU and RLT, node and token granularity, every scheduler mode).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from repro.kvcache import make_cache
+from repro.sim.cluster import SimCluster
+from tests.sim.sim_fakes import RoundRobinRouter
+from tests.sim.test_sim_invariants import cells
+from tests.costmodel.costmodel_support import load_conf
+
+from repro.costmodel import StepCostModel
+
+COST = StepCostModel.from_config(load_conf("model", "llama31_8b"), load_conf("hardware", "l40"))
+
+
+class PlainCache:
+    """A RadixCache seen through the kvcache contract only (no walk-free verbs)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.capacity_tokens = inner.capacity_tokens
+        for name in ("match_prefix", "peek_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "evict",
+                     "evictable_size", "protected_size", "total_size", "free_tokens"):
+            setattr(self, name, getattr(inner, name))
+
+
+class PlainCost:
+    """A cost model seen through `step_time_s` only."""
+
+    def __init__(self, inner):
+        self.step_time_s = inner.step_time_s
+
+
+def tree(cache):
+    pk = cache.path_key
+    return sorted((pk(n), n.n, n.stamp, n.mark, n.lock_ref) for n in cache.iter_nodes()), cache.clock, cache.stats()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cell=cells(), policy=st.sampled_from(["lru", "rlt"]), gran=st.sampled_from(["node", "token"]))
+def test_fast_paths_equal_plain_contract(cell, policy, gran):
+    reqs, caps, sched, _cost, _router, seed = cell
+    out = []
+    for fast in (True, False):
+        caches = [make_cache(c, {"name": policy, "granularity": gran}, seed + w) for w, c in enumerate(caps)]
+        used = caches if fast else [PlainCache(c) for c in caches]
+        sim = SimCluster(reqs, used, COST if fast else PlainCost(COST), RoundRobinRouter(), sched, policy, seed)
+        res = sim.run()
+        assert all(k is None for k in sim.table.prompt_key), "keys are dropped when requests finish"
+        out.append((res.records, res.stats, [tree(c) for c in caches]))
+    pd.testing.assert_frame_equal(out[0][0], out[1][0], check_exact=True)
+    assert out[0][1:] == out[1][1:]
