@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from repro.kvcache.eviction.base import EvictionPolicy
 
 GRANULARITIES: tuple[str, ...] = ("token", "node")
+_tuple_new = tuple.__new__  # builds the verbs' NamedTuple results without their Python-level __new__
 
 
 class CapacityError(RuntimeError):
@@ -283,18 +284,42 @@ class RadixCache:
     def match_prefix(self, tokens) -> MatchResult:
         """Longest cached prefix; an access (stamps and marks the matched tokens); splits at the boundary."""
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
-        path, pos, child, m = self._walk(key)
-        if child is not None:
-            path.append(self._split(child, m >> 2))
-            pos += m
+        # _walk and _touch inlined (the hottest verb)
+        children = self.root.children
+        pos = 0
+        end = len(key)
+        path = []
+        child = None
+        while pos < end:
+            c = children.get(key[pos : pos + 4])
+            if c is None:
+                break
+            ck = c.key
+            nb = c.n << 2
+            if len(ck) != nb:  # lazily applied token-granularity truncation
+                ck = c.key = ck[:nb]
+            if key.startswith(ck, pos):
+                path.append(c)
+                pos += nb
+                children = c.children
+            else:
+                child = c
+                m = common_prefix_len(key, pos, ck)
+                path.append(self._split(child, m >> 2))
+                pos += m
+                break
         if not path:
-            return MatchResult(0, self.root)
+            return _tuple_new(MatchResult, (0, self.root))
         length = pos >> 2
-        self._touch(path, self.clock)
-        self.clock += length
+        base = self.clock
+        touch = self.policy.touch
+        for node in path:
+            node.stamp = base + node.depth
+            touch(node)
+        self.clock = base + length
         if child is not None and self.granularity == "node":
             self._stamp_split_remainder(child, path[-1])
-        return MatchResult(length, path[-1])
+        return _tuple_new(MatchResult, (length, path[-1]))
 
     def insert(self, tokens) -> InsertResult:
         """Access every token of `tokens`, adding the uncached suffix; never evicts.
@@ -314,7 +339,10 @@ class RadixCache:
             pos += m
         base = self.clock
         if path:
-            self._touch(path, base)
+            touch = self.policy.touch
+            for node in path:
+                node.stamp = base + node.depth
+                touch(node)
             if child is not None and self.granularity == "node":
                 self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else self.root
@@ -322,7 +350,7 @@ class RadixCache:
         if new_bytes:
             last = self._append(last, key[pos:], base, True)
         self.clock = base + (len(key) >> 2)
-        return InsertResult(prefix_len, last)
+        return _tuple_new(InsertResult, (prefix_len, last))
 
     def insert_after(self, node: Node, tokens) -> InsertResult:
         """`insert(path_key(node) + tokens)` for an attached node (one a recent match / insert
@@ -375,7 +403,10 @@ class RadixCache:
             pos += m
         base = self.clock
         if path:
-            self._touch(path, base)
+            touch = self.policy.touch
+            for a in path:
+                a.stamp = base + a.depth
+                touch(a)
             if child is not None and self.granularity == "node":
                 self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else root
@@ -383,7 +414,7 @@ class RadixCache:
         if new_bytes:
             last = self._append(last, key[pos:], base, True)
         self.clock = base + node.depth + (end >> 2)
-        return InsertResult(prefix_len, last)
+        return _tuple_new(InsertResult, (prefix_len, last))
 
     def access_path(self, node: Node) -> MatchResult:
         """`match_prefix(path_key(node))` for an attached node, without walking: the same
@@ -391,7 +422,7 @@ class RadixCache:
         split, since the path ends where `node` does."""
         root = self.root
         if node is root:
-            return MatchResult(0, root)
+            return _tuple_new(MatchResult, (0, root))
         if node.parent is None:
             raise ValueError("access_path on an evicted node; use a node returned by a recent match/insert")
         path = []
@@ -401,9 +432,12 @@ class RadixCache:
             a = a.parent
         path.reverse()
         base = self.clock
-        self._touch(path, base)
+        touch = self.policy.touch
+        for a in path:
+            a.stamp = base + a.depth
+            touch(a)
         self.clock = base + node.depth
-        return MatchResult(node.depth, node)
+        return _tuple_new(MatchResult, (node.depth, node))
 
     def inc_lock_ref(self, node: Node) -> int:
         """Lock the path root..node; returns the change of protected_size()."""

@@ -106,7 +106,8 @@ class SimCluster:
                 now, _, w = heappop(heap)
                 if now >= next_sample:  # state before the events at `now`
                     next_sample = sampler.sample(now)
-                done = workers[w].end_step(now)
+                worker = workers[w]
+                done = worker.end_step(now)
                 if done:
                     first, finish, cached = table.first_token_s, table.finish_s, table.cached_tokens
                     for i in done:
@@ -119,7 +120,6 @@ class SimCluster:
                     if progress is not None and n_done >= next_report:
                         progress(n_done / n)
                         next_report = n_done + report_every
-                kick.append(w)
             elif ta < inf:
                 now = ta
                 if now >= next_sample:
@@ -137,15 +137,17 @@ class SimCluster:
                 table.worker[i] = w
                 worker = workers[w]
                 worker.enqueue(i)
-                if not worker.busy:
-                    kick.append(w)
+                if worker.busy:
+                    continue
             else:
                 break
-            if kick:
-                nt = arrival[ai]
-                if heap and heap[0][0] < nt:
-                    nt = heap[0][0]
-                if nt > now:  # every event at `now` is applied: idle workers start their steps
+            # worker w may start a step once every event at `now` is applied
+            nt = arrival[ai]
+            if heap and heap[0][0] < nt:
+                nt = heap[0][0]
+            if nt > now:
+                if kick:  # idle workers kicked earlier at `now`, in event order, then w
+                    kick.append(w)
                     for w in kick:
                         worker = workers[w]
                         if not worker.busy:
@@ -154,6 +156,13 @@ class SimCluster:
                                 heappush(heap, (now + dur, seq, w))
                                 seq += 1
                     kick.clear()
+                else:  # the common case: w alone
+                    dur = worker.start_step(now)
+                    if dur >= 0.0:
+                        heappush(heap, (now + dur, seq, w))
+                        seq += 1
+            else:
+                kick.append(w)
         if n_done != n:  # cannot happen unless a component broke its contract
             stuck = [i for i in range(n) if math.isnan(table.finish_s[i])][:5]
             raise RuntimeError(f"simulation ended with {n - n_done} unfinished requests, e.g. {stuck}")

@@ -91,6 +91,7 @@ CHUNK_INSERTION = ("whole", "per_chunk")
 IN_BATCH_CHECK_THRESHOLD = 32
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 NO_CHUNK_LIMIT = sys.maxsize
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -395,9 +396,13 @@ class SimWorker:
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
         t = self.table
-        if t.prompt_key[i] is None:
-            t.key(i)
-        h = self._computed_hit(i, self._peek(i))
+        key = t.prompt_key[i]
+        if key is None:
+            key = t.key(i)
+        # _peek inlined: a request is enqueued once, so its peek is never cached yet
+        p = t.peek_len[i] = self.cache.peek_prefix(key)
+        t.peek_version[i] = self.tree_version
+        h = self._computed_hit(i, p) if self.pending and p else p
         t.est_hit[i] = h
         self._waiting_prefill += t.prompt_len[i] - h
         self.waiting.append(i)
@@ -734,7 +739,7 @@ class SimWorker:
             dur = self._decode_time_s(decode_batch, context)
         else:
             return -1.0
-        if not 0.0 <= dur < float("inf"):
+        if not 0.0 <= dur < _INF:
             raise ValueError(
                 f"worker {self.worker_id}: cost model returned step time {dur!r} for (prefill_tokens={tokens}, "
                 f"attn_work={attn}, decode_batch={decode_batch}, context={context})"

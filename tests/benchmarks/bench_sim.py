@@ -50,11 +50,15 @@ class TimedCache:
 
     METHODS = ("match_prefix", "peek_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "evict",
                "evictable_size", "protected_size", "total_size", "free_tokens")
+    OPTIONAL = ("insert_after", "access_path")  # RadixCache's walk-free verbs (the worker uses them if present)
 
     def __init__(self, inner, clock):
         self.capacity_tokens = inner.capacity_tokens
         for name in self.METHODS:
             setattr(self, name, self._timed(getattr(inner, name), clock))
+        for name in self.OPTIONAL:
+            if hasattr(inner, name):
+                setattr(self, name, self._timed(getattr(inner, name), clock))
 
     @staticmethod
     def _timed(fn, clock):
