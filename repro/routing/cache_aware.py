@@ -143,15 +143,18 @@ class CacheAwareRouter(Router):
         self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced
 
     def _key(self, request: "Request") -> str:
-        if self.mode is None:  # auto: decided by the first request of the run
-            self.mode = "text" if request.text is not None else "tokens"
-        if self.mode == "text":
-            if request.text is None:
-                raise ValueError(
-                    f"request {request.id} has no text but the cache-aware router matches on text "
-                    "(match_on=text, or auto resolved to text by an earlier request)"
-                )
-            return request.text
+        mode = self.mode
+        if mode != "tokens":
+            text = request.text  # read once: a pool-backed request builds its text on each access
+            if mode is None:  # auto: decided by the first request of the run
+                mode = self.mode = "text" if text is not None else "tokens"
+            if mode == "text":
+                if text is None:
+                    raise ValueError(
+                        f"request {request.id} has no text but the cache-aware router matches on text "
+                        "(match_on=text, or auto resolved to text by an earlier request)"
+                    )
+                return text
         return ids_key(request.prompt_tokens)
 
     # ------------------------------------------------------------------ routing

@@ -170,6 +170,13 @@ class SchedulerConfig:
         return cls(**cfg)
 
 
+def _int32_key(tokens) -> bytes:
+    """as_key of the ids cast to int32 (a request's arrays are int32 already: no copy then)."""
+    if type(tokens) is np.ndarray and tokens.dtype == np.int32:
+        return as_key(tokens)
+    return as_key(np.ascontiguousarray(tokens, dtype=np.int32))
+
+
 class RequestTable:
     """Per-request state of one simulation, in flat lists indexed by arrival position.
 
@@ -227,12 +234,12 @@ class RequestTable:
         """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
         k = self.prompt_key[i]
         if k is None:
-            k = self.prompt_key[i] = as_key(np.ascontiguousarray(self.requests[i].prompt_tokens, dtype=np.int32))
+            k = self.prompt_key[i] = _int32_key(self.requests[i].prompt_tokens)
         return k
 
     def gen_key(self, i: int) -> bytes:
         """Key of the generated tokens alone."""
-        return as_key(np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32))
+        return _int32_key(self.requests[i].generated_tokens)
 
     def full_key(self, i: int) -> bytes:
         """Key of the complete path prompt || generated."""

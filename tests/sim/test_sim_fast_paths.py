@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from repro.kvcache import make_cache
 from repro.sim.cluster import SimCluster
+from repro.sim.worker import SchedulerConfig
 from tests.sim.sim_fakes import RoundRobinRouter
 from tests.sim.test_sim_invariants import cells
 from tests.costmodel.costmodel_support import load_conf
@@ -61,3 +62,28 @@ def test_fast_paths_equal_plain_contract(cell, policy, gran):
         out.append((res.records, res.stats, [tree(c) for c in caches]))
     pd.testing.assert_frame_equal(out[0][0], out[1][0], check_exact=True)
     assert out[0][1:] == out[1][1:]
+
+
+def test_run_restores_gc_thresholds_even_on_error():
+    import gc
+
+    import pytest
+
+    from tests.sim.sim_fakes import make_request
+
+    before = gc.get_threshold()
+    reqs = [make_request(0, 0.0, [1, 2, 3], output_len=2)]
+    cache = make_cache(64, {"name": "lru", "granularity": "node"}, 0)
+    SimCluster(reqs, [cache], COST, RoundRobinRouter(), SchedulerConfig(),
+               "lru", 0).run()
+    assert gc.get_threshold() == before
+
+    class Broken(RoundRobinRouter):
+        def select_worker(self, request, workers, now_s):
+            assert gc.get_threshold()[0] >= 50_000  # raised while the loop runs
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        SimCluster(reqs, [make_cache(64, {"name": "lru", "granularity": "node"}, 0)], COST, Broken(),
+                   SchedulerConfig(), "lru", 0).run()
+    assert gc.get_threshold() == before
