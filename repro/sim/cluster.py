@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from repro.metrics import RECORD_COLUMNS
+from repro.routing.base import offer_request_key
 from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
 
 GC_YOUNG_THRESHOLD = 50_000  # allocations between young-generation collections during run()
@@ -101,6 +102,7 @@ class SimCluster:
         router.reset(views, self.router_seed)
         select, complete = router.select_worker, router.on_request_complete
         reqs = table.requests
+        keys = table.prompt_key
         n = table.n
         m = len(workers)
         inf = math.inf
@@ -125,8 +127,11 @@ class SimCluster:
                     first, finish, cached = table.first_token_s, table.finish_s, table.cached_tokens
                     for i in done:
                         a = arrival[i]
+                        req = reqs[i]
+                        offer_request_key(req, keys[i])
+                        keys[i] = None  # the request is no longer in flight: its key goes
                         t0 = perf_counter_ns()
-                        complete(reqs[i], w, finish[i] - a, first[i] - a, cached[i], now)
+                        complete(req, w, finish[i] - a, first[i] - a, cached[i], now)
                         tm.complete_ns += perf_counter_ns() - t0
                     tm.complete_calls += len(done)
                     n_done += len(done)
@@ -139,8 +144,10 @@ class SimCluster:
                     next_sample = sampler.sample(now)
                 i = ai
                 ai += 1
+                req = reqs[i]
+                offer_request_key(req, table.key(i))  # built once, here: routers and workers share it
                 t0 = perf_counter_ns()
-                w = select(reqs[i], views, now)
+                w = select(req, views, now)
                 tm.route_ns += perf_counter_ns() - t0
                 tm.route_calls += 1
                 if w.__class__ is not int:

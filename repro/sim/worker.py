@@ -183,8 +183,9 @@ class RequestTable:
     Workers write the record fields (worker, first_token_s, finish_s, cached_tokens) in place,
     so that building the records at the end is one conversion, not a loop over objects.
     A prompt's key (`prompt_key[i]`, the radix tree's format) exists only while the request is
-    in flight: built once when it is dispatched (`key`), dropped when it finishes, so a cell
-    holds keys for its in-flight requests only, not a copy of every prompt.
+    in flight: the cluster builds it once when the request arrives (`key`; routers get the same
+    bytes through repro.routing.base.request_key) and drops it after the completion callback, so
+    a cell holds keys for its in-flight requests only, not a copy of every prompt.
     (`prompt_tokens` stays for subclasses that keep their own copies; this class never fills it.)
     """
 
@@ -843,7 +844,6 @@ class SimWorker:
         self.tree_version += 1
         self.cache.dec_lock_ref(lock)
         t.lock_node[i] = None
-        t.prompt_key[i] = None  # in flight no more
         t.finish_s[i] = now
         self.live_generated -= out
         self.active_kv_tokens -= t.prompt_len[i] + out

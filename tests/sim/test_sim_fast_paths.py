@@ -87,3 +87,30 @@ def test_run_restores_gc_thresholds_even_on_error():
         SimCluster(reqs, [make_cache(64, {"name": "lru", "granularity": "node"}, 0)], COST, Broken(),
                    SchedulerConfig(), "lru", 0).run()
     assert gc.get_threshold() == before
+
+
+def test_routers_get_the_prompt_key_the_cluster_built():
+    # request_key gives the offered key for that very request object, the computed one otherwise
+    from repro.kvcache import as_key
+    from repro.routing.base import Router, offer_request_key, request_key
+    from tests.sim.sim_fakes import gsp_requests
+
+    reqs = gsp_requests(3, num_groups=3, per_group=4)
+    seen = []
+
+    class KeyRouter(Router):
+        def select_worker(self, request, workers, now_s):
+            seen.append(("select", request.id, request_key(request) == as_key(request.prompt_tokens)))
+            return request.id % len(workers)
+
+        def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
+            seen.append(("complete", request.id, request_key(request) == as_key(request.prompt_tokens)))
+
+    caches = [make_cache(10_000, {"name": "lru", "granularity": "node"}, w) for w in range(2)]
+    sim = SimCluster(reqs, caches, COST, KeyRouter(), SchedulerConfig(), "lru", 0)
+    sim.run()
+    assert len(seen) == 2 * len(reqs) and all(ok for _, _, ok in seen)
+    assert all(k is None for k in sim.table.prompt_key)
+    offer_request_key(reqs[0], b"\0\0\0\0")
+    assert request_key(reqs[0]) == b"\0\0\0\0"  # the driver's promise is taken as is
+    assert request_key(reqs[1]) == as_key(reqs[1].prompt_tokens)  # another request: computed
