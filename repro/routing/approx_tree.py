@@ -105,14 +105,16 @@ class ApproximateTree:
                     pos += last[4]
                 # a new leaf goes below `node` unless the key ended (no child of `node` starts
                 # with the key's next unit: a full match would have continued, a split leaves one)
+                epoch = self.epoch
+                self.epoch = epoch + 1
                 if pos < n:
                     leaf = _Node(key[pos:], node, tenant)
-                    leaf.tenants[tenant] = self._next_epoch()
+                    leaf.tenants[tenant] = epoch
                     node.children[key[pos : pos + u]] = leaf
                     self.tenant_size[tenant] = size + (n - pos) // u
                     return
                 self.tenant_size[tenant] = size
-                node.tenants[tenant] = self._next_epoch()
+                node.tenants[tenant] = epoch
                 return
         while pos < n:
             first = key[pos : pos + u]
@@ -175,8 +177,12 @@ class ApproximateTree:
                 break
         self._last_walk = (key, full, pos, partial, shared)
         matched = (pos + shared) // u
-        tenant = self._node_tenant(node)
-        epoch = self._next_epoch()
+        tenants = node.tenants
+        creator = node.creator
+        # _node_tenant's common case inline: the creator still holds the node
+        tenant = creator if creator is not None and creator in tenants else self._node_tenant(node)
+        epoch = self.epoch
+        self.epoch = epoch + 1
         if tenant is not None and epoch & 7 == 0:
             node.tenants[tenant] = epoch
         return matched, tenant
