@@ -483,7 +483,7 @@ class SimWorker:
                 nodes[i] = m
             else:
                 p = self._peek(i)
-            h = self._computed_hit(i, p)
+            h = self._computed_hit(i, p) if self.pending and p else p
             self._waiting_prefill += est[i] - h
             est[i] = h
             return w
@@ -497,7 +497,7 @@ class SimWorker:
                 nodes[i] = m
             else:
                 p = self._peek(i)
-            h = self._computed_hit(i, p)
+            h = self._computed_hit(i, p) if self.pending and p else p
             delta += est[i] - h
             est[i] = h
             k = -h
@@ -681,7 +681,7 @@ class SimWorker:
                 rm = rank_nodes.get(i) if rank_nodes is not None else None
                 # the pass's rank match is the tree's match now: the pass changes no content
                 p = rm.length if rm is not None else self._peek(i)
-                h = self._computed_hit(i, p)
+                h = self._computed_hit(i, p) if pending and p else p
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0
                 if exact:
