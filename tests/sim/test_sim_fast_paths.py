@@ -114,3 +114,27 @@ def test_routers_get_the_prompt_key_the_cluster_built():
     offer_request_key(reqs[0], b"\0\0\0\0")
     assert request_key(reqs[0]) == b"\0\0\0\0"  # the driver's promise is taken as is
     assert request_key(reqs[1]) == as_key(reqs[1].prompt_tokens)  # another request: computed
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.lists(st.integers(-3, 3), min_size=1, max_size=12), b=st.lists(st.integers(-3, 3), min_size=1, max_size=12),
+       start=st.integers(0, 11), p=st.integers(0, 12))
+def test_computed_hit_on_keys_equals_token_comparison(a, b, start, p):
+    # _computed_hit compares packed keys; the rule it implements, on token arrays: request i's
+    # match p is capped at `start` iff p > start and i agrees with the pending prompt on 0..start
+    import numpy as np
+
+    from repro.kvcache import as_key
+    from repro.sim.worker import RequestTable, SimWorker
+    from tests.sim.sim_fakes import make_request
+
+    start = min(start, len(b) - 1)  # the pending prompt has an uncomputed token at `start`
+    p = min(p, len(a))
+    table = RequestTable([make_request(0, 0.0, a), make_request(1, 0.0, b)])
+    table.key(0)
+    worker = SimWorker(0, make_cache(64, {"name": "lru", "granularity": "node"}, 0), COST, SchedulerConfig(),
+                       table, "lru")
+    worker.pending = [(as_key(b), start)]
+    ta, tb = np.asarray(a, np.int32), np.asarray(b, np.int32)
+    want = start if p > start and start < len(a) and ta[start] == tb[start] and np.array_equal(ta[:start], tb[:start]) else p
+    assert worker._computed_hit(0, p) == want
