@@ -158,16 +158,19 @@ class SimCluster:
                 worker = workers[w]
                 worker.enqueue(i)
                 if worker.busy:
-                    continue
+                    if not kick:
+                        continue
+                    w = -1  # nothing new to kick, but workers kicked earlier at `now` may be due
             else:
                 break
-            # worker w may start a step once every event at `now` is applied
+            # worker w (unless -1) may start a step once every event at `now` is applied
             nt = arrival[ai]
             if heap and heap[0][0] < nt:
                 nt = heap[0][0]
             if nt > now:
                 if kick:  # idle workers kicked earlier at `now`, in event order, then w
-                    kick.append(w)
+                    if w >= 0:
+                        kick.append(w)
                     for w in kick:
                         worker = workers[w]
                         if not worker.busy:
@@ -181,7 +184,7 @@ class SimCluster:
                     if dur >= 0.0:
                         heappush(heap, (now + dur, seq, w))
                         seq += 1
-            else:
+            elif w >= 0:
                 kick.append(w)
         if n_done != n:  # cannot happen unless a component broke its contract
             stuck = [i for i in range(n) if math.isnan(table.finish_s[i])][:5]
