@@ -150,6 +150,13 @@ class StepCostModel:
         else:
             self._ar_step = 0.0
             self._ar_tok = 0.0
+        # step_time_s's batch-independent prefill head term and memos (floats as computed inline)
+        x, y = self._head_row, self._head_read
+        if x < y:
+            x, y = y, x
+        self._head1 = x * (1.0 + (y / x) ** self._p) ** self._inv_p
+        self._gemm_memo: dict = {}
+        self._decode_memo: dict = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -245,12 +252,17 @@ class StepCostModel:
         inv_p = self._inv_p
         total = 0.0
         if prefill_tokens > 0:
-            # Inlined layer_prefill_s + head_s(1) (hot path).
-            x = prefill_tokens * self._gemm_tok
-            y = self._gemm_read
-            if x < y:
-                x, y = y, x
-            gpu = x * (1.0 + (y / x) ** p) ** inv_p
+            # Inlined layer_prefill_s + head_s(1) (hot path); the dense GEMM term of a token
+            # count is memoised (the same expression, so the same float)
+            gpu = self._gemm_memo.get(prefill_tokens)
+            if gpu is None:
+                x = prefill_tokens * self._gemm_tok
+                y = self._gemm_read
+                if x < y:
+                    x, y = y, x
+                gpu = x * (1.0 + (y / x) ** p) ** inv_p
+                if len(self._gemm_memo) < 65536:
+                    self._gemm_memo[prefill_tokens] = gpu
             if self._moe:
                 x = prefill_tokens * self._exp_tok
                 y = self._num_experts * (1.0 - self._expert_keep**prefill_tokens) * self._exp_read
@@ -269,11 +281,7 @@ class StepCostModel:
             if x < gpu:
                 x, gpu = gpu, x
             layer = x * (1.0 + (gpu / x) ** p) ** inv_p if gpu > 0.0 else x
-            x = self._head_row
-            y = self._head_read
-            if x < y:
-                x, y = y, x
-            total = self._layers * layer + x * (1.0 + (y / x) ** p) ** inv_p
+            total = self._layers * layer + self._head1
         if decode_batch > 0:
             x = decode_batch * self._gemm_tok
             y = self._gemm_read
@@ -298,6 +306,43 @@ class StepCostModel:
                 x, y = y, x
             total += self._layers * layer + x * (1.0 + (y / x) ** p) ** inv_p
         return total
+
+    def decode_step_time_s(self, decode_batch: int, decode_context_tokens: float) -> float:
+        """`step_time_s(0, 0.0, decode_batch, decode_context_tokens)`, float for float, with the
+        batch-size-only terms (weight GEMMs, LM head) memoised per batch size (the simulator's
+        decode steps)."""
+        terms = self._decode_memo.get(decode_batch)
+        if terms is None:
+            if not decode_batch > 0 or decode_context_tokens < 0:
+                return self.step_time_s(0, 0.0, decode_batch, decode_context_tokens)
+            terms = self._decode_memo[decode_batch] = self._decode_terms(decode_batch)
+        if decode_context_tokens < 0:
+            return self.step_time_s(0, 0.0, decode_batch, decode_context_tokens)
+        layer = terms[0] + (
+            self._t_floor + decode_context_tokens * self._attn_ctx + self._ar_step + decode_batch * self._ar_tok
+        )
+        return 0.0 + (self._layers * layer + terms[1])
+
+    def _decode_terms(self, decode_batch: int) -> tuple[float, float]:
+        """step_time_s's decode terms that depend on the batch size only: (GEMMs of a layer, LM head)."""
+        p = self._p
+        inv_p = self._inv_p
+        x = decode_batch * self._gemm_tok
+        y = self._gemm_read
+        if x < y:
+            x, y = y, x
+        layer = x * (1.0 + (y / x) ** p) ** inv_p
+        if self._moe:
+            x = decode_batch * self._exp_tok
+            y = self._num_experts * (1.0 - self._expert_keep**decode_batch) * self._exp_read
+            if x < y:
+                x, y = y, x
+            layer += x * (1.0 + (y / x) ** p) ** inv_p
+        x = decode_batch * self._head_row
+        y = self._head_read
+        if x < y:
+            x, y = y, x
+        return layer, x * (1.0 + (y / x) ** p) ** inv_p
 
     def prefill_time_s(self, new_tokens: float, cached_tokens: float = 0) -> float:
         """One request prefilled alone: `new_tokens` on top of `cached_tokens` already in the cache."""

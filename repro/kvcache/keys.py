@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_NDARRAY = np.ndarray
+_INT32 = np.dtype(np.int32)
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
@@ -22,6 +24,8 @@ def as_key(tokens) -> bytes:
     Accepts an int32 numpy array (no copy beyond `tobytes`), any integer array or sequence
     (range-checked), or bytes / bytearray / memoryview already in the key format.
     """
+    if type(tokens) is _NDARRAY and tokens.dtype is _INT32 and tokens.ndim == 1:  # the common case, first
+        return tokens.tobytes()
     if type(tokens) is bytes:
         if len(tokens) & 3:
             raise ValueError(

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from repro.kvcache.eviction.base import EvictionPolicy
 
 GRANULARITIES: tuple[str, ...] = ("token", "node")
+_tuple_new = tuple.__new__  # builds the verbs' NamedTuple results without their Python-level __new__
 
 
 class CapacityError(RuntimeError):
@@ -283,18 +284,42 @@ class RadixCache:
     def match_prefix(self, tokens) -> MatchResult:
         """Longest cached prefix; an access (stamps and marks the matched tokens); splits at the boundary."""
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
-        path, pos, child, m = self._walk(key)
-        if child is not None:
-            path.append(self._split(child, m >> 2))
-            pos += m
+        # _walk and _touch inlined (the hottest verb)
+        children = self.root.children
+        pos = 0
+        end = len(key)
+        path = []
+        child = None
+        while pos < end:
+            c = children.get(key[pos : pos + 4])
+            if c is None:
+                break
+            ck = c.key
+            nb = c.n << 2
+            if len(ck) != nb:  # lazily applied token-granularity truncation
+                ck = c.key = ck[:nb]
+            if key.startswith(ck, pos):
+                path.append(c)
+                pos += nb
+                children = c.children
+            else:
+                child = c
+                m = common_prefix_len(key, pos, ck)
+                path.append(self._split(child, m >> 2))
+                pos += m
+                break
         if not path:
-            return MatchResult(0, self.root)
+            return _tuple_new(MatchResult, (0, self.root))
         length = pos >> 2
-        self._touch(path, self.clock)
-        self.clock += length
+        base = self.clock
+        touch = self.policy.touch
+        for node in path:
+            node.stamp = base + node.depth
+            touch(node)
+        self.clock = base + length
         if child is not None and self.granularity == "node":
             self._stamp_split_remainder(child, path[-1])
-        return MatchResult(length, path[-1])
+        return _tuple_new(MatchResult, (length, path[-1]))
 
     def insert(self, tokens) -> InsertResult:
         """Access every token of `tokens`, adding the uncached suffix; never evicts.
@@ -314,7 +339,10 @@ class RadixCache:
             pos += m
         base = self.clock
         if path:
-            self._touch(path, base)
+            touch = self.policy.touch
+            for node in path:
+                node.stamp = base + node.depth
+                touch(node)
             if child is not None and self.granularity == "node":
                 self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else self.root
@@ -322,7 +350,94 @@ class RadixCache:
         if new_bytes:
             last = self._append(last, key[pos:], base, True)
         self.clock = base + (len(key) >> 2)
-        return InsertResult(prefix_len, last)
+        return _tuple_new(InsertResult, (prefix_len, last))
+
+    def insert_after(self, node: Node, tokens) -> InsertResult:
+        """`insert(path_key(node) + tokens)` for an attached node (one a recent match / insert
+        returned, still in the tree: e.g. locked), without walking or copying the path to it.
+
+        The same access: the path root..node and the tokens below it are stamped / marked in
+        root-to-leaf order, the uncached suffix is added, the clock moves by the whole length.
+        The simulator inserts a prompt's computed chunk and its generated tokens this way,
+        below the prompt's locked node (tests/kvcache check it against `insert`).
+        """
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
+        root = self.root
+        if node is not root and node.parent is None:
+            raise ValueError("insert_after on an evicted node; use a node returned by a recent match/insert")
+        path = []
+        a = node
+        while a is not root:
+            path.append(a)
+            a = a.parent
+        path.reverse()
+        pos = 0
+        end = len(key)
+        child = None
+        m = 0
+        cur = node
+        while pos < end:  # _walk below `node`
+            c = cur.children.get(key[pos : pos + 4])
+            if c is None:
+                break
+            ck = c.key
+            nb = c.n << 2
+            if len(ck) != nb:
+                ck = c.key = ck[:nb]
+            if key.startswith(ck, pos):
+                path.append(c)
+                pos += nb
+                cur = c
+            else:
+                child = c
+                m = common_prefix_len(key, pos, ck)
+                break
+        new_bytes = end - pos - m
+        if new_bytes and (new_bytes >> 2) > self._capacity - self._total:
+            raise CapacityError(
+                f"insert needs {new_bytes >> 2} new tokens but only {self._capacity - self._total} are free "
+                f"(capacity {self._capacity}); call evict() first or lock less"
+            )
+        if child is not None:
+            path.append(self._split(child, m >> 2))
+            pos += m
+        base = self.clock
+        if path:
+            touch = self.policy.touch
+            for a in path:
+                a.stamp = base + a.depth
+                touch(a)
+            if child is not None and self.granularity == "node":
+                self._stamp_split_remainder(child, path[-1])
+        last = path[-1] if path else root
+        prefix_len = node.depth + (pos >> 2)
+        if new_bytes:
+            last = self._append(last, key[pos:], base, True)
+        self.clock = base + node.depth + (end >> 2)
+        return _tuple_new(InsertResult, (prefix_len, last))
+
+    def access_path(self, node: Node) -> MatchResult:
+        """`match_prefix(path_key(node))` for an attached node, without walking: the same
+        access (the path's stamps and marks, root to leaf; the clock moves by its length); no
+        split, since the path ends where `node` does."""
+        root = self.root
+        if node is root:
+            return _tuple_new(MatchResult, (0, root))
+        if node.parent is None:
+            raise ValueError("access_path on an evicted node; use a node returned by a recent match/insert")
+        path = []
+        a = node
+        while a is not root:
+            path.append(a)
+            a = a.parent
+        path.reverse()
+        base = self.clock
+        touch = self.policy.touch
+        for a in path:
+            a.stamp = base + a.depth
+            touch(a)
+        self.clock = base + node.depth
+        return _tuple_new(MatchResult, (node.depth, node))
 
     def inc_lock_ref(self, node: Node) -> int:
         """Lock the path root..node; returns the change of protected_size()."""

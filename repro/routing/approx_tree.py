@@ -69,6 +69,10 @@ class ApproximateTree:
         self.epoch = 0  # next epoch to hand out
         self.hash_order_choices = 0  # fallbacks among >1 tenants (where the real router's pick is unknowable)
         self._rank = {t: i for i, t in enumerate(tenant_order)} if tenant_order is not None else None
+        # prefix_match's descent (key, fully matched nodes, units consumed, partial node, its shared
+        # units): an insert of the same key object right after it (the router's decide + commit)
+        # resumes from there instead of walking again; any insert or trim clears it
+        self._last_walk: tuple | None = None
 
     def _next_epoch(self) -> int:
         e = self.epoch
@@ -82,6 +86,36 @@ class ApproximateTree:
         node.tenants.setdefault(tenant, 0)
         size = self.tenant_size.get(tenant, 0)
         pos, n = 0, len(key)
+        last = self._last_walk
+        if last is not None:
+            self._last_walk = None
+            if last[0] is key:  # the tree is as prefix_match left it: replay its descent
+                for child in last[1]:
+                    if tenant not in child.tenants:
+                        size += len(child.key) // u
+                        child.tenants[tenant] = 0
+                    node = child
+                pos = last[2]
+                child = last[3]
+                if child is not None:  # matching stopped inside `child`: split it there
+                    node = self._split_join(node, child, last[4], key[pos : pos + u])
+                    if tenant not in node.tenants:
+                        size += len(node.key) // u
+                        node.tenants[tenant] = 0
+                    pos += last[4]
+                # a new leaf goes below `node` unless the key ended (no child of `node` starts
+                # with the key's next unit: a full match would have continued, a split leaves one)
+                epoch = self.epoch
+                self.epoch = epoch + 1
+                if pos < n:
+                    leaf = _Node(key[pos:], node, tenant)
+                    leaf.tenants[tenant] = epoch
+                    node.children[key[pos : pos + u]] = leaf
+                    self.tenant_size[tenant] = size + (n - pos) // u
+                    return
+                self.tenant_size[tenant] = size
+                node.tenants[tenant] = epoch
+                return
         while pos < n:
             first = key[pos : pos + u]
             child = node.children.get(first)
@@ -92,17 +126,10 @@ class ApproximateTree:
                 self.tenant_size[tenant] = size + (n - pos) // u
                 return
             ck = child.key
-            shared = common_prefix_len(key, pos, ck, u)
+            # whole-node matches are the common case: one C-level compare, no slicing
+            shared = len(ck) if key.startswith(ck, pos) else common_prefix_len(key, pos, ck, u)
             if shared < len(ck):
-                # Split: node -> upper(ck[:shared]) -> child(ck[shared:]); upper copies the tenants.
-                upper = _Node(ck[:shared], node, child.creator)
-                upper.tenants = dict(child.tenants)
-                rest = ck[shared:]
-                upper.children[rest[:u]] = child
-                child.key = rest
-                child.parent = upper
-                node.children[first] = upper
-                child = upper
+                child = self._split_join(node, child, shared, first)
             if tenant not in child.tenants:
                 size += len(child.key) // u
                 child.tenants[tenant] = 0
@@ -111,14 +138,51 @@ class ApproximateTree:
         self.tenant_size[tenant] = size
         node.tenants[tenant] = self._next_epoch()  # the key ended on an existing node (or root)
 
+    def _split_join(self, node: _Node, child: _Node, shared: int, first: Key) -> _Node:
+        """Split: node -> upper(ck[:shared]) -> child(ck[shared:]); upper copies the tenants. Returns upper."""
+        u = self.unit
+        ck = child.key
+        upper = _Node(ck[:shared], node, child.creator)
+        upper.tenants = dict(child.tenants)
+        rest = ck[shared:]
+        upper.children[rest[:u]] = child
+        child.key = rest
+        child.parent = upper
+        node.children[first] = upper
+        return upper
+
     def prefix_match(self, key: Key) -> tuple[int, int | None]:
         """(matched units, tenant of the node where matching stopped, or None if it has none).
 
         Draws one epoch; re-stamps the returned tenant on that node when the epoch is a multiple of 8.
         """
-        matched, node = self.walk(key)
-        tenant = self._node_tenant(node)
-        epoch = self._next_epoch()
+        u = self.unit
+        node = self.root
+        pos, n = 0, len(key)
+        full = []
+        partial = None
+        shared = 0
+        while pos < n:  # walk(), remembering the descent for an insert of the same key
+            child = node.children.get(key[pos : pos + u])
+            if child is None:
+                break
+            ck = child.key
+            node = child
+            if key.startswith(ck, pos):
+                full.append(child)
+                pos += len(ck)
+            else:
+                partial = child
+                shared = common_prefix_len(key, pos, ck, u)
+                break
+        self._last_walk = (key, full, pos, partial, shared)
+        matched = (pos + shared) // u
+        tenants = node.tenants
+        creator = node.creator
+        # _node_tenant's common case inline: the creator still holds the node
+        tenant = creator if creator is not None and creator in tenants else self._node_tenant(node)
+        epoch = self.epoch
+        self.epoch = epoch + 1
         if tenant is not None and epoch & 7 == 0:
             node.tenants[tenant] = epoch
         return matched, tenant
@@ -145,10 +209,12 @@ class ApproximateTree:
             child = node.children.get(key[pos : pos + u])
             if child is None:
                 break
-            shared = common_prefix_len(key, pos, child.key, u)
-            pos += shared
+            ck = child.key
             node = child
-            if shared < len(child.key):
+            if key.startswith(ck, pos):
+                pos += len(ck)
+            else:
+                pos += common_prefix_len(key, pos, ck, u)
                 break
         return pos // u, node
 
@@ -157,6 +223,7 @@ class ApproximateTree:
 
         Returns the number of (node, tenant) removals.
         """
+        self._last_walk = None
         if all(size <= max_units for size in self.tenant_size.values()):
             return 0
         u = self.unit

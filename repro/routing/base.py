@@ -108,3 +108,29 @@ def check_workers(workers: Sequence[WorkerView]) -> None:
     for i, w in enumerate(workers):
         if w.worker_id != i:
             raise ValueError(f"workers must have ids 0..M-1 in order; position {i} has id {w.worker_id}")
+
+
+# --- the prompt key, built once per request by whoever drives the router
+_key_slot: tuple = (None, b"")
+
+
+def request_key(request: "Request") -> bytes:
+    """The prompt's packed key, `repro.kvcache.as_key(request.prompt_tokens)`.
+
+    The simulator builds each prompt's key once and offers it (`offer_request_key`) right before
+    it calls `select_worker` / `on_request_complete` for that request, so a router that asks here
+    gets it without rebuilding the prompt and copying it again; anywhere else (the live router
+    service, tests) it is computed. One slot, checked by identity: never a stale key.
+    """
+    slot = _key_slot
+    if slot[0] is request:
+        return slot[1]
+    from repro.kvcache.keys import as_key
+
+    return as_key(request.prompt_tokens)
+
+
+def offer_request_key(request: "Request", key: bytes) -> None:
+    """`request_key(request)` returns `key` until the next offer (the driver's promise: it is that key)."""
+    global _key_slot
+    _key_slot = (request, key)

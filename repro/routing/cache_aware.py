@@ -117,6 +117,8 @@ class CacheAwareRouter(Router):
         self.low_match = check_choice("low_match", low_match, ("least_loaded", "smallest_tree"))
         self.worker_order = check_worker_order(worker_order)
         self._threshold32 = _f32(self.cache_threshold)
+        self._thr_lo = float(self._threshold32)  # _rate_above's exact bounds
+        self._thr_hi = float(np.nextafter(self._threshold32, _f32(np.inf)))
         self._rel32 = _f32(self.balance_rel_threshold)
 
     # ------------------------------------------------------------------ lifecycle
@@ -141,15 +143,18 @@ class CacheAwareRouter(Router):
         self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced
 
     def _key(self, request: "Request") -> str:
-        if self.mode is None:  # auto: decided by the first request of the run
-            self.mode = "text" if request.text is not None else "tokens"
-        if self.mode == "text":
-            if request.text is None:
-                raise ValueError(
-                    f"request {request.id} has no text but the cache-aware router matches on text "
-                    "(match_on=text, or auto resolved to text by an earlier request)"
-                )
-            return request.text
+        mode = self.mode
+        if mode != "tokens":
+            text = request.text  # read once: a pool-backed request builds its text on each access
+            if mode is None:  # auto: decided by the first request of the run
+                mode = self.mode = "text" if text is not None else "tokens"
+            if mode == "text":
+                if text is None:
+                    raise ValueError(
+                        f"request {request.id} has no text but the cache-aware router matches on text "
+                        "(match_on=text, or auto resolved to text by an earlier request)"
+                    )
+                return text
         return ids_key(request.prompt_tokens)
 
     # ------------------------------------------------------------------ routing
@@ -176,9 +181,7 @@ class CacheAwareRouter(Router):
             self.last_branch = "imbalanced"
             return self._least_loaded()
         matched, tenant = tree.prefix_match(key)
-        total = len(key)
-        rate = _f32(matched) / _f32(total) if total else _f32(0.0)
-        if rate > self._threshold32 and tenant is not None:
+        if tenant is not None and self._rate_above(matched, len(key)):
             self.last_branch = "hit"
             return tenant
         if self.low_match == "least_loaded":
@@ -195,6 +198,24 @@ class CacheAwareRouter(Router):
         """The routed request: insert its key for `worker` (on every branch) and count it."""
         self.tree.insert(key, worker)
         self.loads[worker] += 1
+
+    def _rate_above(self, matched: int, total: int) -> bool:
+        """float32(matched) / float32(total) > float32(cache_threshold), as the real router computes it.
+
+        Without numpy scalars on the common path: below 2**24 both counts are exact in float32 and
+        rounding the double quotient to float32 equals float32 division (double rounding is
+        innocuous for a quotient: 53 >= 2 * 24 + 2 bits), so the answer is False when the double
+        quotient is <= the threshold and True when it is >= the next float32 above it; only a
+        quotient strictly between the two asks numpy."""
+        if not total:
+            return _f32(0.0) > self._threshold32
+        if total < 16777216:
+            q = matched / total
+            if q <= self._thr_lo:
+                return False
+            if q >= self._thr_hi:
+                return True
+        return bool(_f32(matched) / _f32(total) > self._threshold32)
 
     def _least_loaded(self) -> int:
         return min(self.order, key=self.loads.__getitem__)  # first minimum in registry order

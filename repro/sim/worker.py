@@ -91,6 +91,7 @@ CHUNK_INSERTION = ("whole", "per_chunk")
 IN_BATCH_CHECK_THRESHOLD = 32
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 NO_CHUNK_LIMIT = sys.maxsize
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -169,11 +170,23 @@ class SchedulerConfig:
         return cls(**cfg)
 
 
+def _int32_key(tokens) -> bytes:
+    """as_key of the ids cast to int32 (a request's arrays are int32 already: no copy then)."""
+    if type(tokens) is np.ndarray and tokens.dtype == np.int32:
+        return as_key(tokens)
+    return as_key(np.ascontiguousarray(tokens, dtype=np.int32))
+
+
 class RequestTable:
     """Per-request state of one simulation, in flat lists indexed by arrival position.
 
     Workers write the record fields (worker, first_token_s, finish_s, cached_tokens) in place,
     so that building the records at the end is one conversion, not a loop over objects.
+    A prompt's key (`prompt_key[i]`, the radix tree's format) exists only while the request is
+    in flight: the cluster builds it once when the request arrives (`key`; routers get the same
+    bytes through repro.routing.base.request_key) and drops it after the completion callback, so
+    a cell holds keys for its in-flight requests only, not a copy of every prompt.
+    (`prompt_tokens` stays for subclasses that keep their own copies; this class never fills it.)
     """
 
     __slots__ = (
@@ -201,9 +214,9 @@ class RequestTable:
         self.requests = list(requests)
         n = self.n = len(self.requests)
         self.arrival_s = [float(r.arrival_s) for r in self.requests]
-        self.prompt_tokens = [np.ascontiguousarray(r.prompt_tokens, dtype=np.int32) for r in self.requests]
-        self.prompt_key = [as_key(t) for t in self.prompt_tokens]  # the radix tree's key format
-        self.prompt_len = [len(t) for t in self.prompt_tokens]
+        self.prompt_tokens: list = []
+        self.prompt_key: list[bytes | None] = [None] * n  # while in flight (see the class docstring)
+        self.prompt_len = [int(r.prompt_len) for r in self.requests]
         self.output_len = [int(r.output_len) for r in self.requests]
         nan = float("nan")
         self.worker = [-1] * n
@@ -218,10 +231,20 @@ class RequestTable:
         self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
         self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
 
+    def key(self, i: int) -> bytes:
+        """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
+        k = self.prompt_key[i]
+        if k is None:
+            k = self.prompt_key[i] = _int32_key(self.requests[i].prompt_tokens)
+        return k
+
+    def gen_key(self, i: int) -> bytes:
+        """Key of the generated tokens alone."""
+        return _int32_key(self.requests[i].generated_tokens)
+
     def full_key(self, i: int) -> bytes:
         """Key of the complete path prompt || generated."""
-        gen = np.ascontiguousarray(self.requests[i].generated_tokens, dtype=np.int32)
-        return self.prompt_key[i] + as_key(gen)
+        return self.prompt_key[i] + self.gen_key(i)
 
 
 class SimTimings:
@@ -329,11 +352,17 @@ class SimWorker:
                     f"request only when that + 2 <= the worker's KV capacity ({self.capacity} tokens)"
                 )
         self._step_time_s = cost_model.step_time_s
+        decode = getattr(cost_model, "decode_step_time_s", None)  # the same floats, memoised (StepCostModel)
+        self._decode_time_s = decode if decode is not None else (lambda b, c: cost_model.step_time_s(0, 0.0, b, c))
+        # walk-free verbs of repro.kvcache.RadixCache (None for other caches: the plain verbs then)
+        self._insert_after = getattr(cache, "insert_after", None)
+        self._access_path = getattr(cache, "access_path", None)
+        self._rank_nodes: dict[int, Any] | None = None  # this pass's rank matches: i -> (length, node)
 
         self.waiting: list[int] = []  # request indices in arrival order
         self._waiting_prefill = 0  # sum of (prompt - est_hit) over waiting
         self.chunked = -1  # request in chunked prefill, -1 if none
-        self.pending: list[tuple[np.ndarray, int]] = []  # (prompt, first uncomputed position)
+        self.pending: list[tuple[bytes, int]] = []  # (prompt key, first uncomputed position)
         self.n_running = 0  # decode batch size
         self.n_admitted = 0  # admitted and unfinished (prefilling or running)
         self.context_tokens = 0  # sum of (prompt + generated) over the running batch
@@ -375,7 +404,13 @@ class SimWorker:
     # ------------------------------------------------------------------ dispatch
     def enqueue(self, i: int) -> None:
         t = self.table
-        h = self._computed_hit(i, self._peek(i))
+        key = t.prompt_key[i]
+        if key is None:
+            key = t.key(i)
+        # _peek inlined: a request is enqueued once, so its peek is never cached yet
+        p = t.peek_len[i] = self.cache.peek_prefix(key)
+        t.peek_version[i] = self.tree_version
+        h = self._computed_hit(i, p) if self.pending and p else p
         t.est_hit[i] = h
         self._waiting_prefill += t.prompt_len[i] - h
         self.waiting.append(i)
@@ -397,10 +432,12 @@ class SimWorker:
         positions 0..start.
         """
         if self.pending and p:
-            toks = self.table.prompt_tokens[i]
-            for other, start in self.pending:
-                if p > start and toks[start] == other[start] and np.array_equal(toks[:start], other[:start]):
-                    p = start
+            key = self.table.prompt_key[i]
+            for other, start in self.pending:  # other: a prompt key
+                if p > start:
+                    b = start << 2
+                    if key[b : b + 4] == other[b : b + 4] and key.startswith(memoryview(other)[:b]):
+                        p = start
         return p
 
     def _ranked_waiting(self) -> list[int]:
@@ -435,10 +472,18 @@ class SimWorker:
         w = self.waiting
         est = t.est_hit
         cache = self.cache
+        rank_match = self.rank_match
+        if rank_match:
+            nodes = self._rank_nodes = {}
         if len(w) == 1:  # the common case at light load: nothing to sort
             i = w[0]
-            p = cache.match_prefix(t.prompt_key[i]).length if self.rank_match else self._peek(i)
-            h = self._computed_hit(i, p)
+            if rank_match:
+                m = cache.match_prefix(t.prompt_key[i])
+                p = m.length
+                nodes[i] = m
+            else:
+                p = self._peek(i)
+            h = self._computed_hit(i, p) if self.pending and p else p
             self._waiting_prefill += est[i] - h
             est[i] = h
             return w
@@ -446,11 +491,13 @@ class SimWorker:
         keys = []
         seen = None
         for i in w:
-            if self.rank_match:
-                p = cache.match_prefix(t.prompt_key[i]).length
+            if rank_match:
+                m = cache.match_prefix(t.prompt_key[i])
+                p = m.length
+                nodes[i] = m
             else:
                 p = self._peek(i)
-            h = self._computed_hit(i, p)
+            h = self._computed_hit(i, p) if self.pending and p else p
             delta += est[i] - h
             est[i] = h
             k = -h
@@ -514,7 +561,7 @@ class SimWorker:
         self.tree_version += 1
         return True
 
-    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int) -> int:
+    def _admit_exact(self, i: int, p: int, c0: int, extra: int, rem_chunk: int, rm: Any = None) -> int:
         """SGLang's PrefillAdder.add_one_req memory rule; returns this admission's `extra`, -1 if refused.
 
         SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,
@@ -533,7 +580,12 @@ class SimWorker:
         if self.per_chunk and new > rem_chunk:
             new = rem_chunk
         phys = self._pass_phys + new + out  # tokens the batch's allocation will need
-        node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
+        if rm is not None and p < plen and self._access_path is not None:
+            # the match of the prompt capped at len - 1 ends where this pass's rank match did
+            # (p < len): access that path again instead of walking a copy of the capped key
+            node = self._access_path(rm.last_node).last_node
+        else:
+            node = cache.match_prefix(t.prompt_key[i][: (plen - 1) << 2]).last_node
         cache.inc_lock_ref(node)
         room = self.capacity - cache.total_size() - self.reserved_tokens + cache.evictable_size()
         if want >= room or phys > room:
@@ -612,6 +664,7 @@ class SimWorker:
                 else:  # our tree already holds the rest
                     extra = n + 1 + (out if n == rest else 0) - rest - out
         ranked = None
+        self._rank_nodes = None
         if self.waiting and (self.rank_sglang_times) and (slots > 0 or ch >= 0):
             # SGLang ranks (and, with lpm_rank_access=match, accesses) whenever a pass runs
             ranked = self.last_ranked = self._ranked_waiting()
@@ -620,19 +673,22 @@ class SimWorker:
             if ranked is None:
                 ranked = self.last_ranked = self._ranked_waiting()
             no_chunking = self.chunk_limit == NO_CHUNK_LIMIT
+            rank_nodes = self._rank_nodes
             for i in ranked:
                 if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
                 plen = t.prompt_len[i]
-                p = self._peek(i)
-                h = self._computed_hit(i, p)
+                rm = rank_nodes.get(i) if rank_nodes is not None else None
+                # the pass's rank match is the tree's match now: the pass changes no content
+                p = rm.length if rm is not None else self._peek(i)
+                h = self._computed_hit(i, p) if pending and p else p
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0
                 if exact:
                     # SGLang checks the input budget per request only without chunking
                     if no_chunking and batch and n_total >= rem_input:
                         break
-                    e = self._admit_exact(i, p, c0, extra, rem_chunk)
+                    e = self._admit_exact(i, p, c0, extra, rem_chunk, rm)
                     if e < 0:
                         break
                     extra += e
@@ -650,7 +706,7 @@ class SimWorker:
                 clen[i] = n_total
                 prefilled[i] = 0
                 if h < plen:
-                    pending.append((t.prompt_tokens[i], h))
+                    pending.append((t.prompt_key[i], h))
                 n = n_total if n_total <= rem_chunk else rem_chunk
                 batch.append((i, n))
                 tokens += n
@@ -688,10 +744,10 @@ class SimWorker:
             self._batch = None
             batch, admitted, tokens, attn = (), (), 0, 0.0
             decode_batch, context = self.n_running, self.context_tokens
-            dur = self._step_time_s(0, 0.0, decode_batch, context)
+            dur = self._decode_time_s(decode_batch, context)
         else:
             return -1.0
-        if not 0.0 <= dur < float("inf"):
+        if not 0.0 <= dur < _INF:
             raise ValueError(
                 f"worker {self.worker_id}: cost model returned step time {dur!r} for (prefill_tokens={tokens}, "
                 f"attn_work={attn}, decode_batch={decode_batch}, context={context})"
@@ -714,6 +770,7 @@ class SimWorker:
             per_chunk = self.per_chunk
             if per_chunk:
                 cache, cstart, keys, locks = self.cache, t.compute_start, t.prompt_key, t.lock_node
+                insert_after = self._insert_after
                 self.alloc_tokens = 0
                 self.tree_version += 1
             for i, n in batch:
@@ -722,9 +779,13 @@ class SimWorker:
                 if per_chunk:  # SGLang's cache_unfinished_req: the computed prefix into the tree
                     key = keys[i]
                     end = (cstart[i] + pf) << 2
-                    ins = cache.insert(key if end == len(key) else key[:end])
+                    lock = locks[i]
+                    if insert_after is not None:  # below the locked prefix: only the new chunk's bytes
+                        ins = insert_after(lock, key[lock.depth << 2 : end])
+                    else:
+                        ins = cache.insert(key if end == len(key) else key[:end])
                     cache.inc_lock_ref(ins.last_node)
-                    cache.dec_lock_ref(locks[i])
+                    cache.dec_lock_ref(lock)
                     locks[i] = ins.last_node
                 if pf < clen[i]:
                     chunked = i
@@ -747,7 +808,7 @@ class SimWorker:
                         lst.append(i)
             self.chunked = chunked
             if chunked >= 0 and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
-                self.pending = [(t.prompt_tokens[chunked], t.compute_start[chunked] + prefilled[chunked])]
+                self.pending = [(t.prompt_key[chunked], t.compute_start[chunked] + prefilled[chunked])]
             else:
                 self.pending = []
             self._batch = None
@@ -774,9 +835,14 @@ class SimWorker:
         t = self.table
         out = t.output_len[i]
         self.reserved_tokens -= out  # the reservation becomes the generated path's room
-        self.cache.insert(t.full_key(i))
+        lock = t.lock_node[i]
+        if self._insert_after is not None and lock.depth == t.prompt_len[i]:
+            # the prompt's locked last node: insert the generated tokens below it
+            self._insert_after(lock, t.gen_key(i))
+        else:
+            self.cache.insert(t.full_key(i))
         self.tree_version += 1
-        self.cache.dec_lock_ref(t.lock_node[i])
+        self.cache.dec_lock_ref(lock)
         t.lock_node[i] = None
         t.finish_s[i] = now
         self.live_generated -= out

@@ -315,3 +315,21 @@ def test_prefill_time_is_launch_bound_for_tiny_prefills():
     floor = cfg["architecture"]["num_layers"] * cfg["cost_model"]["t_cpu_s"]
     assert cm.prefill_time_s(1) >= floor
     assert math.isfinite(cm.prefill_time_s(10**7))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    m=st.sampled_from(MODELS), hw=st.sampled_from(HARDWARE),
+    batch=st.integers(1, 512), context=st.integers(0, 4_000_000),
+    prefill=st.integers(1, 40_000), cached=st.integers(0, 100_000),
+)
+def test_memoised_terms_give_the_same_floats(m, hw, batch, context, prefill, cached):
+    # decode_step_time_s (the simulator's decode steps) and the memoised prefill GEMM term are
+    # the same expressions as a fresh model's: equal floats, first call and memoised call alike
+    memo = StepCostModel.from_config(CFG_MODELS[m], CFG_HW[hw])
+    attn = prefill * (cached + prefill / 2)
+    for _ in range(2):
+        fresh = StepCostModel.from_config(CFG_MODELS[m], CFG_HW[hw])
+        assert memo.decode_step_time_s(batch, context) == fresh.step_time_s(0, 0.0, batch, context)
+        assert memo.step_time_s(prefill, attn, 0, 0) == fresh.step_time_s(prefill, attn, 0, 0)
+        assert memo.step_time_s(prefill, attn, batch, context) == fresh.step_time_s(prefill, attn, batch, context)

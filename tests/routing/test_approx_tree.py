@@ -184,3 +184,31 @@ def test_eviction_stops_at_budget_and_spares_small_tenants():
     assert tree.tenant_size == {0: 4, 1: 1}
     (ab,) = [c for c in tree.root.children.values() if c.key == "ab"]
     assert [c.key for c in ab.children.values()] == ["xy"]  # the older leaf "cd" went first
+
+
+def _shape(tree: ApproximateTree):
+    """Everything an insert can change: structure, tenants with stamps, creators, sizes, epoch."""
+    out = []
+    stack = [((), tree.root)]
+    while stack:
+        path, node = stack.pop()
+        out.append((path, node.key, sorted(node.tenants.items()), node.creator))
+        for first in sorted(node.children):
+            stack.append((path + (first,), node.children[first]))
+    return sorted(out, key=repr), dict(sorted(tree.tenant_size.items())), tree.epoch
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), strings, st.booleans()), max_size=30), unit=st.sampled_from([1, 4]))
+def test_insert_after_prefix_match_equals_plain_insert(ops, unit):
+    # the router's decide (prefix_match) + commit (insert of the same key object) resumes the
+    # match's descent; a twin tree walks again. Both must end identical, after every step.
+    fused, plain = ApproximateTree(unit=unit), ApproximateTree(unit=unit)
+    for tenant, s, match_first in ops:
+        key = tree_key(s, unit)
+        if match_first:
+            assert fused.prefix_match(key) == plain.prefix_match(key)
+            plain._last_walk = None  # the twin never resumes
+        fused.insert(key, tenant)
+        plain.insert(key, tenant)
+        assert _shape(fused) == _shape(plain)

@@ -237,3 +237,32 @@ def test_auto_mode_and_missing_text():
 def test_bad_config_fails_at_construction(kw):
     with pytest.raises(ValueError):
         CacheAwareRouter(**kw)
+
+
+# --- the match-rate test without numpy scalars (CacheAwareRouter._rate_above) vs float32 arithmetic
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _rate_above_f32(matched: int, total: int, threshold: float) -> bool:
+    t32 = np.float32(threshold)
+    rate = np.float32(matched) / np.float32(total) if total else np.float32(0.0)
+    return bool(rate > t32)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 2**25), st.integers(0, 2**25), st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 1.0])))
+def test_rate_above_equals_float32_division(a, b, threshold):
+    matched, total = min(a, b), max(a, b)
+    router = CacheAwareRouter(cache_threshold=threshold)
+    assert router._rate_above(matched, total) == _rate_above_f32(matched, total, threshold)
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.1, 1 / 3])
+def test_rate_above_at_the_float32_boundary(threshold):
+    # quotients next to the float32 threshold, where rounding decides
+    router = CacheAwareRouter(cache_threshold=threshold)
+    for total in (3, 10, 1000, 99991, 2**24 - 1, 2**24 + 3):
+        base = int(threshold * total)
+        for matched in range(max(0, base - 2), min(total, base + 3) + 1):
+            assert router._rate_above(matched, total) == _rate_above_f32(matched, total, threshold)

@@ -30,8 +30,8 @@ def _run(mode, capacity=150, extra=()):
         if event == "start":
             in_b[0] = any(i == 1 for i, _ in info.prefill)
         if in_b[0]:
-            t = w.table
-            seen.append((event, w.cache.peek_prefix(t.prompt_key[1]), w.cache.peek_prefix(t.prompt_key[0]),
+            # the requests' own prompts (the table keeps a key only while its request is in flight)
+            seen.append((event, w.cache.peek_prefix(reqs[1].prompt_tokens), w.cache.peek_prefix(reqs[0].prompt_tokens),
                          w.kv_used_tokens))
 
     sched = SchedulerConfig(chunked_prefill_size=32, chunk_insertion=mode)

@@ -41,6 +41,11 @@ class LRUEviction(EvictionPolicy):
             node.hdirty = True
             self.dirty.append(node)
 
+    def new_node(self, node, marked):  # = leaf_added, without the base class's extra call
+        if not node.hdirty:
+            node.hdirty = True
+            self.dirty.append(node)
+
     def _flush(self) -> None:
         heap = self.heap
         push = heapq.heappush
