@@ -343,25 +343,15 @@ class WorkloadSpec:
             order = order_round_robin(pool.q_group)
         order = order[:want]
         arrivals = poisson_arrivals(len(order), self.cfg["request_rate"], component_rng(seed, "arrivals"))
+        # requests refer to the pool's segments (request.py): nothing per request is copied
+        gen = pool.q_generated
         requests = []
         for rid, (q, t) in enumerate(zip(order.tolist(), arrivals.tolist())):
-            prompt = pool.prompt_tokens(q)
-            prompt.flags.writeable = False
-            gen = np.array(pool.q_generated[q], dtype=np.int32)
-            gen.flags.writeable = False
-            requests.append(
-                Request(
-                    id=rid,
-                    arrival_s=float(t),
-                    prompt_tokens=prompt,
-                    output_len=int(len(gen)),
-                    generated_tokens=gen,
-                    group_id=pool.q_group[q],
-                    conversation_id=pool.q_conversation[q],
-                    turn=pool.q_turn[q],
-                    text=pool.prompt_text(q),
-                )
-            )
+            g = gen[q]
+            if g.flags.writeable:
+                g = gen[q] = np.ascontiguousarray(g, dtype=np.int32)
+                g.flags.writeable = False
+            requests.append(Request.from_pool(pool, q, rid, float(t), g))
         return requests
 
 

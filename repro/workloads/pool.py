@@ -34,18 +34,23 @@ class Pool:
         return len(self.q_segments)
 
     def prompt_tokens(self, i: int) -> np.ndarray:
+        """Read-only int32 ids of query i's prompt (a fresh concatenation, or the one segment itself)."""
         segs = self.q_segments[i]
         if len(segs) == 1:
-            return self.seg_tokens[segs[0]].copy()
-        return np.concatenate([self.seg_tokens[s] for s in segs])
+            out = self.seg_tokens[segs[0]].view()
+        else:
+            out = np.concatenate([self.seg_tokens[s] for s in segs])
+        out.flags.writeable = False
+        return out
 
     def prompt_text(self, i: int) -> str | None:
         if self.seg_texts is None:
             return None
-        return "".join(self.seg_texts[s] for s in self.q_segments[i])
+        return "".join([self.seg_texts[s] for s in self.q_segments[i]])
 
     def prompt_len(self, i: int) -> int:
-        return int(sum(len(self.seg_tokens[s]) for s in self.q_segments[i]))
+        seg_tokens = self.seg_tokens
+        return sum([len(seg_tokens[s]) for s in self.q_segments[i]])
 
     # -- serialisation (one .npz payload; the cache adds a checksum header) ---------
     def to_bytes(self) -> bytes:
