@@ -293,10 +293,11 @@ class WorkloadSpec:
         path = None
         if use_cache:
             path = _cache.pool_path(self.name, self.pool_key(seed, tokenizer, data))
-            payload = _cache.read_payload(path)
-            if payload is not None:
+            f = _cache.open_payload(path)
+            if f is not None:
                 try:
-                    return Pool.from_bytes(payload), True, path
+                    with f:
+                        return Pool.read(f), True, path
                 except Exception as exc:  # checksum passed but the content does not parse
                     log.warning("workload cache %s is unreadable (%s); rebuilding", path, exc)
         pool = self.make_pool(seed, tokenizer, data)
@@ -304,7 +305,7 @@ class WorkloadSpec:
         pool.provenance["tokenizer"] = tokenizer.describe()
         if use_cache and path is not None:
             try:
-                _cache.write_payload(path, pool.to_bytes())
+                _cache.write_stream(path, pool.write)
             except OSError as exc:
                 log.warning("could not write workload cache %s: %s", path, exc)
         return pool, False, path

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,55 +53,82 @@ class Pool:
         seg_tokens = self.seg_tokens
         return sum([len(seg_tokens[s]) for s in self.q_segments[i]])
 
-    # -- serialisation (one .npz payload; the cache adds a checksum header) ---------
-    def to_bytes(self) -> bytes:
+    # -- serialisation (an .npz archive, written and read one array at a time) ------
+    # The cache adds a checksum header (cache.py). Streaming keeps a million-query pool's
+    # write and load at about one array's worth of memory above the pool itself, where a
+    # bytes payload held the pool two to three times over.
+    def write(self, f) -> None:
+        """Write the pool as an .npz archive to the binary file object `f` (need not be seekable)."""
         seg_len = np.array([len(t) for t in self.seg_tokens], dtype=np.int64)
         arrays = {
-            "seg_tok": _concat_i32(self.seg_tokens),
-            "seg_off": _offsets(seg_len),
-            "q_seg": np.array([s for segs in self.q_segments for s in segs], dtype=np.int32),
-            "q_seg_off": _offsets(np.array([len(s) for s in self.q_segments], dtype=np.int64)),
-            "q_gen": _concat_i32(self.q_generated),
-            "q_gen_off": _offsets(np.array([len(g) for g in self.q_generated], dtype=np.int64)),
-            "q_group": np.asarray(self.q_group, dtype=np.int64),
-            "q_conv": np.asarray(self.q_conversation, dtype=np.int64),
-            "q_turn": np.asarray(self.q_turn, dtype=np.int64),
-            "provenance": np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
+            "seg_tok": lambda: _concat_i32(self.seg_tokens),
+            "seg_off": lambda: _offsets(seg_len),
+            "q_seg": lambda: np.array([s for segs in self.q_segments for s in segs], dtype=np.int32),
+            "q_seg_off": lambda: _offsets(np.array([len(s) for s in self.q_segments], dtype=np.int64)),
+            "q_gen": lambda: _concat_i32(self.q_generated),
+            "q_gen_off": lambda: _offsets(np.array([len(g) for g in self.q_generated], dtype=np.int64)),
+            "q_group": lambda: np.asarray(self.q_group, dtype=np.int64),
+            "q_conv": lambda: np.asarray(self.q_conversation, dtype=np.int64),
+            "q_turn": lambda: np.asarray(self.q_turn, dtype=np.int64),
+            "provenance": lambda: np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
         }
-        if self.seg_texts is not None:
-            blobs = [t.encode("utf-8", "surrogatepass") for t in self.seg_texts]
-            arrays["seg_text"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-            arrays["seg_text_off"] = _offsets(np.array([len(b) for b in blobs], dtype=np.int64))
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, make in arrays.items():
+                with zf.open(_member(name), "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, make(), allow_pickle=False)
+            if self.seg_texts is not None:
+                text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in self.seg_texts], dtype=np.int64)
+                with zf.open(_member("seg_text_off"), "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, _offsets(text_len), allow_pickle=False)
+                with zf.open(_member("seg_text"), "w", force_zip64=True) as out:
+                    header = {"descr": "|u1", "fortran_order": False, "shape": (int(text_len.sum()),)}
+                    np.lib.format.write_array_header_1_0(out, header)
+                    for i in range(0, len(self.seg_texts), 4096):  # the text blob, a chunk at a time
+                        out.write(_utf8("".join(self.seg_texts[i : i + 4096])))
+
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        self.write(buf)
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Pool":
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            a = {k: z[k] for k in z.files}
-        seg_tok, seg_off = a["seg_tok"], a["seg_off"]
-        seg_tokens = [seg_tok[seg_off[i] : seg_off[i + 1]] for i in range(len(seg_off) - 1)]
-        seg_texts = None
-        if "seg_text" in a:
-            blob, off = a["seg_text"].tobytes(), a["seg_text_off"]
-            seg_texts = [blob[off[i] : off[i + 1]].decode("utf-8", "surrogatepass") for i in range(len(off) - 1)]
-        q_seg, q_off = a["q_seg"].tolist(), a["q_seg_off"].tolist()
-        q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
-        gen, goff = a["q_gen"], a["q_gen_off"]
-        q_generated = [gen[goff[i] : goff[i + 1]] for i in range(len(goff) - 1)]
-        pool = cls(
-            seg_tokens=seg_tokens,
-            seg_texts=seg_texts,
-            q_segments=q_segments,
-            q_generated=q_generated,
-            q_group=a["q_group"].tolist(),
-            q_conversation=a["q_conv"].tolist(),
-            q_turn=a["q_turn"].tolist(),
-            provenance=json.loads(a["provenance"].tobytes().decode()),
-        )
+    def read(cls, f) -> "Pool":
+        """The pool in the .npz archive open as the seekable binary file `f` (data before it is skipped)."""
+        with zipfile.ZipFile(f) as zf:
+            names = {n[: -len(".npy")] for n in zf.namelist() if n.endswith(".npy")}
+
+            def get(name: str) -> np.ndarray:
+                with zf.open(name + ".npy") as member:
+                    return np.lib.format.read_array(member, allow_pickle=False)
+
+            seg_tok, seg_off = get("seg_tok"), get("seg_off").tolist()
+            seg_tokens = [seg_tok[seg_off[i] : seg_off[i + 1]] for i in range(len(seg_off) - 1)]
+            seg_texts = None
+            if "seg_text" in names:
+                off = get("seg_text_off").tolist()
+                blob = memoryview(get("seg_text"))
+                seg_texts = [str(blob[off[i] : off[i + 1]], "utf-8", "surrogatepass") for i in range(len(off) - 1)]
+                del blob
+            q_seg, q_off = get("q_seg").tolist(), get("q_seg_off").tolist()
+            q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
+            gen, goff = get("q_gen"), get("q_gen_off").tolist()
+            q_generated = [gen[goff[i] : goff[i + 1]] for i in range(len(goff) - 1)]
+            pool = cls(
+                seg_tokens=seg_tokens,
+                seg_texts=seg_texts,
+                q_segments=q_segments,
+                q_generated=q_generated,
+                q_group=get("q_group").tolist(),
+                q_conversation=get("q_conv").tolist(),
+                q_turn=get("q_turn").tolist(),
+                provenance=json.loads(get("provenance").tobytes().decode()),
+            )
         pool.check()
         return pool
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Pool":
+        return cls.read(io.BytesIO(data))
 
     def check(self) -> None:
         """Structural invariants (a cache file that passes its checksum but not this is rejected)."""
@@ -200,6 +228,14 @@ def generated_tokens(reply_tokens: np.ndarray, output_len: int, eos_id: int) -> 
         return head, False
     pad = np.full(output_len - len(head), eos_id, dtype=np.int32)
     return np.concatenate([head, pad]), True
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    return zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))  # fixed: same pool, same bytes
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _concat_i32(arrays: list[np.ndarray]) -> np.ndarray:
