@@ -72,7 +72,9 @@ class Pool:
             "q_turn": lambda: np.asarray(self.q_turn, dtype=np.int64),
             "provenance": lambda: np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
         }
-        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        # through a non-seekable writer whatever `f` is: zipfile then streams (data descriptors,
+        # no seeking back), and the bytes never depend on the kind of file
+        with zipfile.ZipFile(_Forward(f), "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name, make in arrays.items():
                 with zf.open(_member(name), "w", force_zip64=True) as out:
                     np.lib.format.write_array(out, make(), allow_pickle=False)
@@ -228,6 +230,24 @@ def generated_tokens(reply_tokens: np.ndarray, output_len: int, eos_id: int) -> 
         return head, False
     pad = np.full(output_len - len(head), eos_id, dtype=np.int32)
     return np.concatenate([head, pad]), True
+
+
+class _Forward(io.RawIOBase):
+    """Write-only, not seekable: passes writes on to `f`."""
+
+    def __init__(self, f):
+        self.f, self.pos = f, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self.f.write(b)
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
 
 
 def _member(name: str) -> zipfile.ZipInfo:

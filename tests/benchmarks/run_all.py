@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
             "simulated requests per second, Fig. 2 GSP cell (>= 5,000; issue 20: LBGR+RLT >= 40k, CA+LRU >= 60k, "
             "vs the simulator alone and Vidur's engine)"),
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),
+    "scaling": ("bench_scaling.py", ["--quick"], "64-worker GSP cell 1k..1M requests: wall, peak RSS, growth (issue 20: 1M <= 3 min, <= 4 GB; <= 4 KB/request)"),
     "workloads": ("bench_workloads.py", ["--repeat", "1"], "workload build vs cached load"),
     "tokenizer": ("bench_tokenizer.py", ["--limit", "20000"], "ShareGPT through Llama-3: encode_batch vs one by one"),
     "figures": ("bench_figures.py", ["--paper-only"],
