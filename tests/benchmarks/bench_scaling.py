@@ -192,36 +192,49 @@ def main() -> int:
             ph = r["phases"]
             print("            phases (end s / peak MB): " + ", ".join(
                 f"{k} {v['t_s']:.1f}/{v['rss_mb']:,.0f}" for k, v in ph.items()), flush=True)
-    summary(results, sizes, big, small)
+    summary(results, sizes)
     return 0
 
 
-def summary(results: dict, sizes: list[int], big: int, small: int) -> None:
+def summary(results: dict, sizes: list[int]) -> None:
     print(f"\nissue 20 -- scaling (load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
     for system, by_n in results.items():
+        name = SYSTEMS[system]
         ns = [n for n in sizes if n in by_n]
         if len(ns) >= 2:
             walls = [by_n[n]["wall_s"] for n in ns]
-            base = by_n[ns[0]]["peak_rss_mb"]
-            grow = [(n, by_n[n]["peak_rss_mb"] - base) for n in ns[1:]]
-            print(f"  {SYSTEMS[system]}: wall-time exponent {slope(ns, walls):.2f} over {ns} "
-                  f"(top two sizes {slope(ns[-2:], walls[-2:]):.2f}); RSS-above-{ns[0]} exponent "
-                  f"{slope([g[0] for g in grow], [g[1] for g in grow]):.2f}" if len(grow) >= 2 else "")
-        if big in by_n and small in by_n:
-            a, b = by_n[small], by_n[big]
-            d = 15 * big / 16
+            line = (f"  {name}: wall-time exponent {slope(ns, walls):.2f} over {ns} "
+                    f"(top two sizes {slope(ns[-2:], walls[-2:]):.2f})")
+            grow = [(n, by_n[n]["peak_rss_mb"] - by_n[ns[0]]["peak_rss_mb"]) for n in ns[1:]]
+            if len(grow) >= 2:
+                line += f"; exponent of the RSS above {ns[0]:,}'s: {slope(*zip(*grow)):.2f}"
+            print(line)
+        # per request: at the largest N run whose N / 16 ran too
+        pairs = [n for n in sorted(by_n) if n >= 16 and n // 16 in by_n]
+        if pairs:
+            a, b = by_n[pairs[-1] // 16], by_n[pairs[-1]]
+            d = b["n"] - a["n"]
             per_cell = (b["peak_rss_mb"] - a["peak_rss_mb"]) * 1024 / d
             per_wl = (b["phases"]["workload"]["rss_mb"] - a["phases"]["workload"]["rss_mb"]) * 1024 / d
-            print(f"  {SYSTEMS[system]}: per request (peak RSS at {big:,} - at {small:,}) / (15N/16): "
+            print(f"  {name}: per request (peak RSS at {b['n']:,} - at {a['n']:,}) / (N - N/16): "
                   f"cell {per_cell:.2f} KB ({per_cell / TARGET_PER_REQ_KB:.2f} x target {TARGET_PER_REQ_KB:g} KB), "
                   f"workload alone {per_wl:.2f} KB ({per_wl / TARGET_PER_REQ_KB:.2f} x)")
-        top = max(by_n) if by_n else None
-        if top is not None:
-            r = by_n[top]
-            tag = "1M cell" if top >= 1_000_000 else f"largest run {top:,} (not the 1M target size)"
-            print(f"  {SYSTEMS[system]}: {tag}: wall {r['wall_s']:.1f} s = {r['wall_s'] / TARGET_WALL_S:.2f} x "
-                  f"target {TARGET_WALL_S:.0f} s; peak RSS {r['peak_rss_mb'] / 1024:.2f} GB = "
-                  f"{r['peak_rss_mb'] / 1024 / TARGET_RSS_GB:.2f} x target {TARGET_RSS_GB:g} GB")
+        if not by_n:
+            continue
+        top = max(by_n)
+        r = by_n[top]
+        tag = "1M cell" if top >= 1_000_000 else f"largest run {top:,} (not the 1M target size)"
+        print(f"  {name}: {tag}: wall {r['wall_s']:.1f} s = {r['wall_s'] / TARGET_WALL_S:.2f} x "
+              f"target {TARGET_WALL_S:.0f} s; peak RSS {r['peak_rss_mb'] / 1024:.2f} GB = "
+              f"{r['peak_rss_mb'] / 1024 / TARGET_RSS_GB:.2f} x target {TARGET_RSS_GB:g} GB")
+        done = sorted(by_n)
+        if top < 1_000_000 and len(done) >= 2:  # linear from the two largest sizes run
+            p, q = by_n[done[-2]], by_n[done[-1]]
+            f = (1_000_000 - q["n"]) / (q["n"] - p["n"])
+            wall = q["wall_s"] + f * (q["wall_s"] - p["wall_s"])
+            rss = (q["peak_rss_mb"] + f * (q["peak_rss_mb"] - p["peak_rss_mb"])) / 1024
+            print(f"  {name}: 1M extrapolated linearly from {p['n']:,} and {q['n']:,}: wall ~{wall:.0f} s "
+                  f"({wall / TARGET_WALL_S:.2f} x target), peak RSS ~{rss:.1f} GB ({rss / TARGET_RSS_GB:.2f} x target)")
 
 
 if __name__ == "__main__":
