@@ -34,15 +34,14 @@ class Pool:
     def __len__(self) -> int:
         return len(self.q_segments)
 
+    def prompt_key(self, i: int) -> bytes:
+        """Query i's prompt as a token key (`repro.kvcache.as_key` of its ids): its segments' bytes joined."""
+        seg_tokens = self.seg_tokens
+        return b"".join([seg_tokens[s].tobytes() for s in self.q_segments[i]])
+
     def prompt_tokens(self, i: int) -> np.ndarray:
-        """Read-only int32 ids of query i's prompt (a fresh concatenation, or the one segment itself)."""
-        segs = self.q_segments[i]
-        if len(segs) == 1:
-            out = self.seg_tokens[segs[0]].view()
-        else:
-            out = np.concatenate([self.seg_tokens[s] for s in segs])
-        out.flags.writeable = False
-        return out
+        """Read-only int32 ids of query i's prompt, built afresh (a view of `prompt_key(i)`)."""
+        return np.frombuffer(self.prompt_key(i), dtype=np.int32)
 
     def prompt_text(self, i: int) -> str | None:
         if self.seg_texts is None:
@@ -140,6 +139,8 @@ class Pool:
         if self.seg_texts is not None and len(self.seg_texts) != len(self.seg_tokens):
             raise ValueError("pool: segment texts and tokens differ in count")
         nseg = len(self.seg_tokens)
+        if any(t.dtype != np.int32 for t in self.seg_tokens):
+            raise ValueError("pool: segment token ids must be int32 arrays")
         for segs in self.q_segments:
             if not segs or min(segs) < 0 or max(segs) >= nseg:
                 raise ValueError("pool: query references a missing segment")
@@ -261,7 +262,7 @@ def _utf8(text: str) -> bytes:
 def _concat_i32(arrays: list[np.ndarray]) -> np.ndarray:
     if not arrays:
         return np.zeros(0, dtype=np.int32)
-    return np.concatenate([np.asarray(a, dtype=np.int32) for a in arrays])
+    return np.concatenate(arrays, dtype=np.int32, casting="unsafe")  # as np.asarray(a, int32) did
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from repro.kvcache import as_key
+
 if TYPE_CHECKING:
     from repro.workloads.pool import Pool
 
@@ -87,6 +89,13 @@ class Request:
         if self._pool is None:
             return self._prompt
         return self._pool.prompt_tokens(self._q)
+
+    @property
+    def prompt_key(self) -> bytes:
+        """`repro.kvcache.as_key(self.prompt_tokens)`, for a pool-backed request without building the array."""
+        if self._pool is None:
+            return as_key(self._prompt)
+        return self._pool.prompt_key(self._q)
 
     @property
     def text(self) -> str | None:

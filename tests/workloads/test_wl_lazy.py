@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wl_helpers import wl_cfg
 
+from repro.kvcache import as_key
 from repro.workloads import Request, build_workload, resolve_spec
 from repro.workloads.arrivals import component_rng
 from repro.workloads.gsp import compute_random_lens
@@ -47,6 +48,7 @@ def test_pool_request_equals_the_eager_concatenation(pool, data):
     assert r.prompt_tokens.dtype == np.int32 and np.array_equal(r.prompt_tokens, eager)
     assert not r.prompt_tokens.flags.writeable
     assert r.prompt_len == len(eager) and r.text == text
+    assert r.prompt_key == as_key(eager) == Request(0, 0.0, eager, 1, np.zeros(1, np.int32), 0, 0, 0).prompt_key
     assert np.array_equal(r.full_tokens, np.concatenate([eager, pool.q_generated[q]]))
     assert (r.output_len, r.group_id, r.conversation_id, r.turn) == (len(pool.q_generated[q]), q, q, 0)
     # pickled / replaced: a plain request with the same content, the pool left behind
