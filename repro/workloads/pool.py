@@ -49,8 +49,11 @@ class Pool:
         return "".join([self.seg_texts[s] for s in self.q_segments[i]])
 
     def prompt_len(self, i: int) -> int:
-        seg_tokens = self.seg_tokens
-        return sum([len(seg_tokens[s]) for s in self.q_segments[i]])
+        lens = self.__dict__.get("_q_len")
+        if lens is None:  # every query's, once (a validation pass asks all of them)
+            seg_len = [len(t) for t in self.seg_tokens]
+            lens = self.__dict__["_q_len"] = [sum([seg_len[s] for s in segs]) for segs in self.q_segments]
+        return lens[i]
 
     # -- serialisation (an .npz archive, written and read one array at a time) ------
     # The cache adds a checksum header (cache.py). Streaming keeps a million-query pool's

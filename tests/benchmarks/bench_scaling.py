@@ -22,10 +22,11 @@ at the largest N (target <= 4 KB), for the whole cell and for the workload alone
 
     PYTHONPATH=. python tests/benchmarks/bench_scaling.py [--quick] [--sizes 1000 16000 ...] [--systems ca lbgr]
 
---quick: sizes 1k / 4k / 16k / 64k. The full run (1k / 16k / 256k / 1M, and 64k for the
-per-request measure) needs ~16 GB free at 1M with today's simulator (see the report's lines
-after the table); the parent refuses a size whose memory, extrapolated from the sizes run
-before it, would not fit in the memory available now.
+--quick: sizes 1k / 4k / 16k / 64k. The full run (1k / 16k / 256k / 1M, and 62.5k for the
+per-request measure) needed ~22 GB at 1M when written (the simulator's request table kept
+each prompt's ids and key, ~18 KB per request); the parent refuses a size whose memory,
+extrapolated from the sizes run before it, would not fit in 80 % of the memory available
+now, and prints the linear extrapolation to 1M instead.
 """
 
 from __future__ import annotations
