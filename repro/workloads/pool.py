@@ -142,8 +142,8 @@ class Pool:
         if self.seg_texts is not None and len(self.seg_texts) != len(self.seg_tokens):
             raise ValueError("pool: segment texts and tokens differ in count")
         nseg = len(self.seg_tokens)
-        if any(t.dtype != np.int32 for t in self.seg_tokens):
-            raise ValueError("pool: segment token ids must be int32 arrays")
+        if any(t.dtype != np.int32 for t in self.seg_tokens) or any(g.dtype != np.int32 for g in self.q_generated):
+            raise ValueError("pool: token ids must be int32 arrays")
         for segs in self.q_segments:
             if not segs or min(segs) < 0 or max(segs) >= nseg:
                 raise ValueError("pool: query references a missing segment")

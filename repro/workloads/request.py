@@ -74,8 +74,7 @@ class Request:
         s(r, "_text", None)
         s(r, "_pool", pool)
         s(r, "_q", q)
-        r._check()
-        return r
+        return r  # output_len is len(generated_tokens) by construction
 
     def _check(self) -> None:
         if len(self.generated_tokens) != self.output_len:
