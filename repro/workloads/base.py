@@ -15,7 +15,9 @@ request rate and order never change which queries are sampled.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import importlib
 import logging
 import math
@@ -293,10 +295,11 @@ class WorkloadSpec:
         path = None
         if use_cache:
             path = _cache.pool_path(self.name, self.pool_key(seed, tokenizer, data))
-            payload = _cache.read_payload(path)
-            if payload is not None:
+            f = _cache.open_payload(path)
+            if f is not None:
                 try:
-                    return Pool.from_bytes(payload), True, path
+                    with f:
+                        return Pool.read(f), True, path
                 except Exception as exc:  # checksum passed but the content does not parse
                     log.warning("workload cache %s is unreadable (%s); rebuilding", path, exc)
         pool = self.make_pool(seed, tokenizer, data)
@@ -304,14 +307,15 @@ class WorkloadSpec:
         pool.provenance["tokenizer"] = tokenizer.describe()
         if use_cache and path is not None:
             try:
-                _cache.write_payload(path, pool.to_bytes())
+                _cache.write_stream(path, pool.write)
             except OSError as exc:
                 log.warning("could not write workload cache %s: %s", path, exc)
         return pool, False, path
 
     def build(self, seed: int, use_cache: bool = True) -> Workload:
-        pool, hit, path = self.load_or_make_pool(seed, use_cache=use_cache)
-        requests = self.materialize(pool, seed)
+        with _gc_paused():
+            pool, hit, path = self.load_or_make_pool(seed, use_cache=use_cache)
+            requests = self.materialize(pool, seed)
         prov = dict(pool.provenance)
         prov.update(
             {
@@ -343,26 +347,28 @@ class WorkloadSpec:
             order = order_round_robin(pool.q_group)
         order = order[:want]
         arrivals = poisson_arrivals(len(order), self.cfg["request_rate"], component_rng(seed, "arrivals"))
+        # requests refer to the pool's segments (request.py): nothing per request is copied
+        gen = pool.q_generated
+        from_pool = Request.from_pool
         requests = []
         for rid, (q, t) in enumerate(zip(order.tolist(), arrivals.tolist())):
-            prompt = pool.prompt_tokens(q)
-            prompt.flags.writeable = False
-            gen = np.array(pool.q_generated[q], dtype=np.int32)
-            gen.flags.writeable = False
-            requests.append(
-                Request(
-                    id=rid,
-                    arrival_s=float(t),
-                    prompt_tokens=prompt,
-                    output_len=int(len(gen)),
-                    generated_tokens=gen,
-                    group_id=pool.q_group[q],
-                    conversation_id=pool.q_conversation[q],
-                    turn=pool.q_turn[q],
-                    text=pool.prompt_text(q),
-                )
-            )
+            g = gen[q]
+            g.setflags(write=False)  # shared with the pool (int32: Pool.check)
+            requests.append(from_pool(pool, q, rid, float(t), g))
         return requests
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """No cyclic garbage collection while a workload's objects are made: they hold no cycles, and
+    each full collection would walk all of them again (a third of building a million requests)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def resolve_spec(workload_cfg: Mapping) -> WorkloadSpec:

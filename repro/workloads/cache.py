@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
-from repro.fileio import sha256_file, sha256_json, write_atomic, write_json_atomic
+from repro.fileio import FILE_MODE, sha256_file, sha256_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"REPROWL1"
 _DIGEST_LEN = 32
+_CHUNK = 1 << 22
 
 
 def cache_dir() -> Path:
@@ -77,25 +81,92 @@ def pool_path(name: str, key: str) -> Path:
     return cache_dir() / f"{name}-{key[:32]}.pool"
 
 
-def read_payload(path: Path) -> bytes | None:
-    """Payload of a cache file, or None if it is missing or corrupt (corruption is logged)."""
+def open_payload(path: Path):
+    """The cache file open at its payload (a binary file object; the caller closes it), or None if
+    it is missing or corrupt (corruption is logged). The checksum is checked by reading the file
+    in chunks, so a large pool is never held as one bytes object."""
     try:
-        data = path.read_bytes()
+        f = open(path, "rb")
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("workload cache %s unreadable (%s); rebuilding", path, exc)
         return None
-    head = len(MAGIC) + _DIGEST_LEN
-    if len(data) < head or not data.startswith(MAGIC):
-        log.warning("workload cache %s has a bad header; rebuilding", path)
+    try:
+        head = f.read(len(MAGIC) + _DIGEST_LEN)
+        if len(head) < len(MAGIC) + _DIGEST_LEN or not head.startswith(MAGIC):
+            log.warning("workload cache %s has a bad header; rebuilding", path)
+            f.close()
+            return None
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+        if h.digest() != head[len(MAGIC):]:
+            log.warning("workload cache %s fails its checksum (truncated or corrupt); rebuilding", path)
+            f.close()
+            return None
+        f.seek(len(head))
+        return f
+    except OSError as exc:
+        f.close()
+        log.warning("workload cache %s unreadable (%s); rebuilding", path, exc)
         return None
-    payload = data[head:]
-    if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
-        log.warning("workload cache %s fails its checksum (truncated or corrupt); rebuilding", path)
+
+
+def read_payload(path: Path) -> bytes | None:
+    """Payload of a cache file, or None if it is missing or corrupt (corruption is logged)."""
+    f = open_payload(path)
+    if f is None:
         return None
-    return payload
+    with f:
+        return f.read()
+
+
+class _HashingWriter(io.RawIOBase):
+    """Write-only, not seekable (so zipfile streams, never seeks back): hashes what passes."""
+
+    def __init__(self, f):
+        self.f, self.h, self.pos = f, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        n = self.f.write(b)
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_stream(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a cache file whose payload `write(f)` produces, atomically (temp file + rename, fsynced):
+    MAGIC, the payload's sha256, the payload -- streamed, never held in memory whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + bytes(_DIGEST_LEN))
+            w = _HashingWriter(f)
+            write(w)
+            f.seek(len(MAGIC))
+            f.write(w.h.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def write_payload(path: Path, payload: bytes) -> None:
-    write_atomic(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+    write_stream(path, lambda f: f.write(payload))

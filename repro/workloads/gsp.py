@@ -40,7 +40,7 @@ import numpy as np
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadSpec, _Problems
 from repro.workloads.pool import Pool, PoolBuilder
-from repro.workloads.synthetic import words_segment
+from repro.workloads.synthetic import WORD_POOL_SIZE, pool_word_ids, word_pool
 from repro.workloads.tokenizer import BuiltinTokenizer
 
 
@@ -111,31 +111,115 @@ class GSPWorkload(WorkloadSpec):
             sys_lens = np.clip(np.rint(r * totals), 1, totals - 1).astype(np.int64)
             q_lens = np.repeat((totals - sys_lens)[:, None], P, axis=1)
 
-        b = PoolBuilder(tokenizer)
-        builtin = isinstance(tokenizer, BuiltinTokenizer)
-        for g in range(G):
-            sys_seg = b.segment(*self._segment(rng_tok, int(sys_lens[g]), tokenizer, builtin))
-            for j in range(P):
-                q_seg = b.segment(*self._segment(rng_tok, int(q_lens[g, j]), tokenizer, builtin))
-                _, gen = self._segment(rng_tok, int(out_lens[g, j]), tokenizer, builtin, newline=False)
-                b.add_query([sys_seg, q_seg], gen, group=g, conversation=g * P + j, turn=0)
         prov = {
             "rows_read": 0,
             "malformed_rows": 0,
             "num_groups": G,
             "prompts_per_group": P,
-            "system_prompt_tokens_mean": float(np.mean([b.seg_len(b.q_segments[g * P][0]) for g in range(G)])),
             "filtered": {},
         }
-        return b.build(prov)
+        if isinstance(tokenizer, BuiltinTokenizer):
+            return _builtin_pool(rng_tok, sys_lens, q_lens, out_lens, tokenizer, prov)
+        b = PoolBuilder(tokenizer)
+        for g in range(G):
+            sys_seg = b.segment(*self._segment(rng_tok, int(sys_lens[g]), tokenizer))
+            for j in range(P):
+                q_seg = b.segment(*self._segment(rng_tok, int(q_lens[g, j]), tokenizer))
+                _, gen = self._segment(rng_tok, int(out_lens[g, j]), tokenizer)
+                b.add_query([sys_seg, q_seg], gen, group=g, conversation=g * P + j, turn=0)
+        prov["system_prompt_tokens_mean"] = float(np.mean([b.seg_len(b.q_segments[g * P][0]) for g in range(G)]))
+        return b.build(_ordered(prov))
 
     @staticmethod
-    def _segment(rng, n_tokens: int, tokenizer, builtin: bool, newline: bool = True):
-        """(text, tokens) with exactly n_tokens tokens."""
-        if builtin:
-            if newline:
-                return words_segment(rng, n_tokens - 1, tokenizer)
-            text, toks = words_segment(rng, n_tokens, tokenizer)
-            return text[:-1], toks[:-1]
+    def _segment(rng, n_tokens: int, tokenizer):
+        """(text, tokens) with exactly n_tokens ids uniform over the vocabulary (HF / Llama-3 tokenizers)."""
         ids = rng.integers(0, tokenizer.vocab_size, size=n_tokens).astype(np.int32)
         return tokenizer.decode(ids), ids
+
+
+def _ordered(prov: dict) -> dict:
+    keys = ("rows_read", "malformed_rows", "num_groups", "prompts_per_group", "system_prompt_tokens_mean", "filtered")
+    return {k: prov[k] for k in keys}
+
+
+def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Pool:
+    """The GSP pool with the built-in tokenizer, one group at a time in numpy.
+
+    The same pool, segment for segment, as drawing one `words_segment` per segment in the
+    order system prompt, then per prompt its question and its output (tests/workloads/
+    test_gsp.py keeps that loop as the reference): one `integers` call over a group's
+    words consumes the generator exactly as the calls one by one do. A system prompt or
+    question of n tokens is n - 1 words + "\n"; an output of n tokens is n words.
+    """
+    G, P = q_lens.shape
+    words = word_pool()
+    word_ids = pool_word_ids(tokenizer.vocab_size)
+    word_len = np.array([len(w) for w in words], dtype=np.int64)
+    nl_id = np.int32(tokenizer.piece_id("\n"))
+    seg_index: dict[str, int] = {}  # built-in tokens are a function of the text: dedupe on text
+    seg_tokens: list[np.ndarray] = []
+    seg_texts: list[str] = []
+    q_segments: list[tuple[int, int]] = []
+    q_generated: list[np.ndarray] = []
+
+    def segment(text: str, toks: np.ndarray) -> int:
+        sid = seg_index.get(text)
+        if sid is None:
+            sid = seg_index[text] = len(seg_tokens)
+            seg_tokens.append(toks)
+            seg_texts.append(text)
+        return sid
+
+    for g in range(G):
+        # draws in order: system words, then (question words, output words) per prompt
+        sizes = np.empty(1 + 2 * P, dtype=np.int64)
+        sizes[0] = sys_lens[g] - 1
+        sizes[1::2] = q_lens[g] - 1
+        sizes[2::2] = out_lens[g]
+        idx = rng.integers(0, WORD_POOL_SIZE, size=int(sizes.sum()))
+        w_end = np.cumsum(sizes)
+        w_start = w_end - sizes
+        is_text = np.zeros(1 + 2 * P, dtype=bool)
+        is_text[0] = is_text[1::2] = True
+        # token buffer: the words' ids with "\n" after each text segment
+        extra = np.cumsum(is_text)  # newlines up to and including each segment
+        t_end = w_end + extra - is_text  # end of its words in the buffer
+        t_start = w_start + extra - is_text
+        buf = np.empty(len(idx) + int(is_text.sum()), dtype=np.int32)
+        keep = np.ones(len(buf), dtype=bool)
+        keep[t_end[is_text]] = False
+        buf[keep] = word_ids[idx]
+        buf[~keep] = nl_id
+        buf.flags.writeable = False
+        # the text segments' strings: one join over the group, sliced at word boundaries
+        text_word = np.repeat(is_text, sizes)
+        chars = word_len[idx[text_word]]
+        c_end = np.cumsum(chars)
+        joined = "".join(words[idx[text_word]].tolist())
+        n_txt = sizes[is_text]
+        seg_c_end = c_end[np.cumsum(n_txt) - 1] if len(c_end) else np.zeros(len(n_txt), dtype=np.int64)
+        seg_c_end = np.where(n_txt > 0, seg_c_end, 0)
+        # a segment with no words starts and ends where the previous one ended
+        seg_c_end = np.maximum.accumulate(seg_c_end)
+        seg_c_start = np.concatenate([[0], seg_c_end[:-1]])
+        cs, ce = seg_c_start.tolist(), seg_c_end.tolist()
+        ts, te = t_start.tolist(), t_end.tolist()
+        sys_seg = segment(joined[cs[0]:ce[0]] + "\n", buf[ts[0]:te[0] + 1])
+        for j in range(P):
+            k = 1 + 2 * j
+            q_seg = segment(joined[cs[j + 1]:ce[j + 1]] + "\n", buf[ts[k]:te[k] + 1])
+            q_segments.append((sys_seg, q_seg))
+            q_generated.append(buf[ts[k + 1]:te[k + 1]])
+    prov["system_prompt_tokens_mean"] = float(np.mean([len(seg_tokens[q_segments[g * P][0]]) for g in range(G)]))
+    pool = Pool(
+        seg_tokens=seg_tokens,
+        seg_texts=seg_texts,
+        q_segments=q_segments,
+        q_generated=q_generated,
+        q_group=np.repeat(np.arange(G), P).tolist(),
+        q_conversation=list(range(G * P)),
+        q_turn=[0] * (G * P),
+        provenance=_ordered(prov),
+    )
+    pool.check()
+    return pool

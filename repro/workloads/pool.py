@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,69 +34,105 @@ class Pool:
     def __len__(self) -> int:
         return len(self.q_segments)
 
+    def prompt_key(self, i: int) -> bytes:
+        """Query i's prompt as a token key (`repro.kvcache.as_key` of its ids): its segments' bytes joined."""
+        seg_tokens = self.seg_tokens
+        return b"".join([seg_tokens[s].tobytes() for s in self.q_segments[i]])
+
     def prompt_tokens(self, i: int) -> np.ndarray:
-        segs = self.q_segments[i]
-        if len(segs) == 1:
-            return self.seg_tokens[segs[0]].copy()
-        return np.concatenate([self.seg_tokens[s] for s in segs])
+        """Read-only int32 ids of query i's prompt, built afresh (a view of `prompt_key(i)`)."""
+        return np.frombuffer(self.prompt_key(i), dtype=np.int32)
 
     def prompt_text(self, i: int) -> str | None:
         if self.seg_texts is None:
             return None
-        return "".join(self.seg_texts[s] for s in self.q_segments[i])
+        return "".join([self.seg_texts[s] for s in self.q_segments[i]])
 
     def prompt_len(self, i: int) -> int:
-        return int(sum(len(self.seg_tokens[s]) for s in self.q_segments[i]))
+        lens = self.__dict__.get("_q_len")
+        if lens is None:  # every query's, once (a validation pass asks all of them)
+            seg_len = [len(t) for t in self.seg_tokens]
+            lens = self.__dict__["_q_len"] = [sum([seg_len[s] for s in segs]) for segs in self.q_segments]
+        return lens[i]
 
-    # -- serialisation (one .npz payload; the cache adds a checksum header) ---------
-    def to_bytes(self) -> bytes:
+    # -- serialisation (an .npz archive, written and read one array at a time) ------
+    # The cache adds a checksum header (cache.py). Streaming keeps a million-query pool's
+    # write and load at about one array's worth of memory above the pool itself, where a
+    # bytes payload held the pool two to three times over.
+    def write(self, f) -> None:
+        """Write the pool as an .npz archive to the binary file object `f` (need not be seekable)."""
         seg_len = np.array([len(t) for t in self.seg_tokens], dtype=np.int64)
         arrays = {
-            "seg_tok": _concat_i32(self.seg_tokens),
-            "seg_off": _offsets(seg_len),
-            "q_seg": np.array([s for segs in self.q_segments for s in segs], dtype=np.int32),
-            "q_seg_off": _offsets(np.array([len(s) for s in self.q_segments], dtype=np.int64)),
-            "q_gen": _concat_i32(self.q_generated),
-            "q_gen_off": _offsets(np.array([len(g) for g in self.q_generated], dtype=np.int64)),
-            "q_group": np.asarray(self.q_group, dtype=np.int64),
-            "q_conv": np.asarray(self.q_conversation, dtype=np.int64),
-            "q_turn": np.asarray(self.q_turn, dtype=np.int64),
-            "provenance": np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
+            "seg_tok": lambda: _concat_i32(self.seg_tokens),
+            "seg_off": lambda: _offsets(seg_len),
+            "q_seg": lambda: np.array([s for segs in self.q_segments for s in segs], dtype=np.int32),
+            "q_seg_off": lambda: _offsets(np.array([len(s) for s in self.q_segments], dtype=np.int64)),
+            "q_gen": lambda: _concat_i32(self.q_generated),
+            "q_gen_off": lambda: _offsets(np.array([len(g) for g in self.q_generated], dtype=np.int64)),
+            "q_group": lambda: np.asarray(self.q_group, dtype=np.int64),
+            "q_conv": lambda: np.asarray(self.q_conversation, dtype=np.int64),
+            "q_turn": lambda: np.asarray(self.q_turn, dtype=np.int64),
+            "provenance": lambda: np.frombuffer(json.dumps(self.provenance, sort_keys=True).encode(), dtype=np.uint8),
         }
-        if self.seg_texts is not None:
-            blobs = [t.encode("utf-8", "surrogatepass") for t in self.seg_texts]
-            arrays["seg_text"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-            arrays["seg_text_off"] = _offsets(np.array([len(b) for b in blobs], dtype=np.int64))
+        # through a non-seekable writer whatever `f` is: zipfile then streams (data descriptors,
+        # no seeking back), and the bytes never depend on the kind of file
+        with zipfile.ZipFile(_Forward(f), "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, make in arrays.items():
+                with zf.open(_member(name), "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, make(), allow_pickle=False)
+            if self.seg_texts is not None:
+                text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in self.seg_texts], dtype=np.int64)
+                with zf.open(_member("seg_text_off"), "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, _offsets(text_len), allow_pickle=False)
+                with zf.open(_member("seg_text"), "w", force_zip64=True) as out:
+                    header = {"descr": "|u1", "fortran_order": False, "shape": (int(text_len.sum()),)}
+                    np.lib.format.write_array_header_1_0(out, header)
+                    for i in range(0, len(self.seg_texts), 4096):  # the text blob, a chunk at a time
+                        out.write(_utf8("".join(self.seg_texts[i : i + 4096])))
+
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        self.write(buf)
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Pool":
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            a = {k: z[k] for k in z.files}
-        seg_tok, seg_off = a["seg_tok"], a["seg_off"]
-        seg_tokens = [seg_tok[seg_off[i] : seg_off[i + 1]] for i in range(len(seg_off) - 1)]
-        seg_texts = None
-        if "seg_text" in a:
-            blob, off = a["seg_text"].tobytes(), a["seg_text_off"]
-            seg_texts = [blob[off[i] : off[i + 1]].decode("utf-8", "surrogatepass") for i in range(len(off) - 1)]
-        q_seg, q_off = a["q_seg"].tolist(), a["q_seg_off"].tolist()
-        q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
-        gen, goff = a["q_gen"], a["q_gen_off"]
-        q_generated = [gen[goff[i] : goff[i + 1]] for i in range(len(goff) - 1)]
-        pool = cls(
-            seg_tokens=seg_tokens,
-            seg_texts=seg_texts,
-            q_segments=q_segments,
-            q_generated=q_generated,
-            q_group=a["q_group"].tolist(),
-            q_conversation=a["q_conv"].tolist(),
-            q_turn=a["q_turn"].tolist(),
-            provenance=json.loads(a["provenance"].tobytes().decode()),
-        )
+    def read(cls, f) -> "Pool":
+        """The pool in the .npz archive open as the seekable binary file `f` (data before it is skipped)."""
+        with zipfile.ZipFile(f) as zf:
+            names = {n[: -len(".npy")] for n in zf.namelist() if n.endswith(".npy")}
+
+            def get(name: str) -> np.ndarray:
+                with zf.open(name + ".npy") as member:
+                    return np.lib.format.read_array(member, allow_pickle=False)
+
+            seg_tok, seg_off = get("seg_tok"), get("seg_off").tolist()
+            seg_tokens = [seg_tok[seg_off[i] : seg_off[i + 1]] for i in range(len(seg_off) - 1)]
+            seg_texts = None
+            if "seg_text" in names:
+                off = get("seg_text_off").tolist()
+                blob = memoryview(get("seg_text"))
+                seg_texts = [str(blob[off[i] : off[i + 1]], "utf-8", "surrogatepass") for i in range(len(off) - 1)]
+                del blob
+            q_seg, q_off = get("q_seg").tolist(), get("q_seg_off").tolist()
+            q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
+            gen, goff = get("q_gen"), get("q_gen_off").tolist()
+            q_generated = [gen[goff[i] : goff[i + 1]] for i in range(len(goff) - 1)]
+            pool = cls(
+                seg_tokens=seg_tokens,
+                seg_texts=seg_texts,
+                q_segments=q_segments,
+                q_generated=q_generated,
+                q_group=get("q_group").tolist(),
+                q_conversation=get("q_conv").tolist(),
+                q_turn=get("q_turn").tolist(),
+                provenance=json.loads(get("provenance").tobytes().decode()),
+            )
         pool.check()
         return pool
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Pool":
+        return cls.read(io.BytesIO(data))
 
     def check(self) -> None:
         """Structural invariants (a cache file that passes its checksum but not this is rejected)."""
@@ -105,6 +142,8 @@ class Pool:
         if self.seg_texts is not None and len(self.seg_texts) != len(self.seg_tokens):
             raise ValueError("pool: segment texts and tokens differ in count")
         nseg = len(self.seg_tokens)
+        if any(t.dtype != np.int32 for t in self.seg_tokens) or any(g.dtype != np.int32 for g in self.q_generated):
+            raise ValueError("pool: token ids must be int32 arrays")
         for segs in self.q_segments:
             if not segs or min(segs) < 0 or max(segs) >= nseg:
                 raise ValueError("pool: query references a missing segment")
@@ -197,10 +236,36 @@ def generated_tokens(reply_tokens: np.ndarray, output_len: int, eos_id: int) -> 
     return np.concatenate([head, pad]), True
 
 
+class _Forward(io.RawIOBase):
+    """Write-only, not seekable: passes writes on to `f`."""
+
+    def __init__(self, f):
+        self.f, self.pos = f, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self.f.write(b)
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    return zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))  # fixed: same pool, same bytes
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _concat_i32(arrays: list[np.ndarray]) -> np.ndarray:
     if not arrays:
         return np.zeros(0, dtype=np.int32)
-    return np.concatenate([np.asarray(a, dtype=np.int32) for a in arrays])
+    return np.concatenate(arrays, dtype=np.int32, casting="unsafe")  # as np.asarray(a, int32) did
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

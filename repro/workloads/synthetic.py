@@ -43,7 +43,7 @@ def word_pool() -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _pool_ids(vocab_size: int) -> np.ndarray:
+def pool_word_ids(vocab_size: int) -> np.ndarray:
     tok = BuiltinTokenizer(vocab_size)
     return np.array([tok.piece_id(w) for w in word_pool()], dtype=np.int32)
 
@@ -84,7 +84,7 @@ def words_segment(rng: np.random.Generator, n_words: int, tokenizer, prefix: str
         parts = []
         if prefix:
             parts.append(tokenizer.encode(prefix))
-        parts.append(_pool_ids(tokenizer.vocab_size)[idx])
+        parts.append(pool_word_ids(tokenizer.vocab_size)[idx])
         parts.append(np.array([tokenizer.piece_id("\n")], dtype=np.int32))
         return text, np.concatenate(parts).astype(np.int32)
     return text, tokenizer.encode(text)

@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "learner_flips": ("bench_learner_flips.py", ["--exp", "fig2_main", "--limit", "6"],
                       "LBGR decisions the learner's Cholesky solve flips vs the old numpy inverse (issue 20: 0)"),
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),
+    "scaling": ("bench_scaling.py", ["--quick"], "64-worker GSP cell 1k..1M requests: wall, peak RSS, growth (issue 20: 1M <= 3 min, <= 4 GB; <= 4 KB/request)"),
     "workloads": ("bench_workloads.py", ["--repeat", "1"], "workload build vs cached load"),
     "tokenizer": ("bench_tokenizer.py", ["--limit", "20000"], "ShareGPT through Llama-3: encode_batch vs one by one"),
     "figures": ("bench_figures.py", ["--paper-only"],
