@@ -93,7 +93,7 @@ def validate_requests(requests: Sequence["Request"], capacities: Sequence[int]) 
         if r.id in seen:
             raise ValueError(f"duplicate request id {r.id}")
         seen.add(r.id)
-        plen = len(r.prompt_tokens)
+        plen = r.prompt_len
         if plen < 1 or r.output_len < 1:
             raise ValueError(f"request {r.id}: prompt ({plen}) and output ({r.output_len}) need >= 1 token")
         if plen + r.output_len > cap:

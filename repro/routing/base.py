@@ -120,14 +120,12 @@ def request_key(request: "Request") -> bytes:
     The simulator builds each prompt's key once and offers it (`offer_request_key`) right before
     it calls `select_worker` / `on_request_complete` for that request, so a router that asks here
     gets it without rebuilding the prompt and copying it again; anywhere else (the live router
-    service, tests) it is computed. One slot, checked by identity: never a stale key.
+    service, tests) it is the request's own `prompt_key`. One slot, checked by identity: never a stale key.
     """
     slot = _key_slot
     if slot[0] is request:
         return slot[1]
-    from repro.kvcache.keys import as_key
-
-    return as_key(request.prompt_tokens)
+    return request.prompt_key
 
 
 def offer_request_key(request: "Request", key: bytes) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from repro.kvcache import as_key, make_cache
-from repro.routing.base import Router, WorkerView, check_choice
+from repro.routing.base import Router, WorkerView, check_choice, request_key
 from repro.routing.learners import LEARNERS, make_learner
 from repro.routing.load_decay import DECAYS, DrainDecay, ExponentialDecay
 from repro.routing.service_time import SERVICE_MODELS, ServiceTime
@@ -275,7 +275,7 @@ class LBGRRouter(Router):
     def _evaluate(self, request: "Request", workers: Sequence[WorkerView], now_s: float):
         """Decay, then (key, hits, S, E) per worker as Python lists (either evaluation path)."""
         self._decay.advance(self.load_est, now_s)
-        key = as_key(request.prompt_tokens)
+        key = request_key(request)
         prompt_len = len(key) >> 2
         out_len = self.expected_output_len(request)
         if not self._vector:
@@ -303,7 +303,7 @@ class LBGRRouter(Router):
 
     def select_worker(self, request: "Request", workers: Sequence[WorkerView], now_s: float) -> int:
         self._decay.advance(self.load_est, now_s)
-        key = as_key(request.prompt_tokens)
+        key = request_key(request)
         prompt_len = len(key) >> 2
         out_len = self.expected_output_len(request)
         load = self.load_est

@@ -42,7 +42,10 @@ def tracker_access(cache, key: bytes) -> int:
         cache.evict(need)
     cache.dec_lock_ref(match.last_node)
     fit = min(n, match.length + cache.free_tokens())
-    cache.insert(key[: 4 * fit])
+    if isinstance(cache, RadixCache):  # the same access as insert(key[:4 * fit]), without a second walk
+        cache.insert_after(match.last_node, key[4 * match.length : 4 * fit])
+    else:
+        cache.insert(key[: 4 * fit])
     return fit
 
 

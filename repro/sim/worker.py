@@ -235,7 +235,7 @@ class RequestTable:
         """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
         k = self.prompt_key[i]
         if k is None:
-            k = self.prompt_key[i] = _int32_key(self.requests[i].prompt_tokens)
+            k = self.prompt_key[i] = self.requests[i].prompt_key
         return k
 
     def gen_key(self, i: int) -> bytes:
