@@ -21,11 +21,12 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from repro.harness.cell import CellOutcome, Stopped, use_workload_memo
 from repro.harness.compose import GridComposer, compose_cells
 from repro.harness.grid import Cell, expand_grid, split_sweep_overrides
+from repro.harness.pool import Task
 from repro.harness.sweep import (
     _raise_stopped,
     cell_states,
@@ -39,11 +40,22 @@ from repro.harness.sweep import (
 from repro.harness.validate import ConfigError, _Memo, cell_errors, format_errors
 
 
+# A replayed path of a theory cell costs about this fraction of a simulated request (measured:
+# ~3 us per path against ~40-80 us per request); only the order of the costs matters.
+THEORY_PATH_COST = 1 / 20
+
+
 def cell_cost(spec) -> float:
-    """A guess of a cell's run time, to start the long cells first: its request count (a whole
-    trace, num_queries null, counts as the longest); cells without a workload (theory) last."""
-    wl = spec.config.get("workload")
-    if not isinstance(wl, dict) or (spec.config.get("backend") or {}).get("name") == "theory":
+    """A guess of a cell's run time in simulated requests, to start the long cells first (the
+    last ones then are short, so both cores finish together): a serving cell's request count (a
+    whole trace, num_queries null, counts as the longest), a theory cell's replayed paths."""
+    cfg = spec.config
+    if (cfg.get("backend") or {}).get("name") == "theory":
+        from repro.backends.theory import replayed_paths
+
+        return replayed_paths(cfg) * THEORY_PATH_COST
+    wl = cfg.get("workload")
+    if not isinstance(wl, dict):
         return 0.0
     n = wl.get("num_queries")
     return float("inf") if n is None else float(n)
@@ -92,11 +104,13 @@ def run_experiments(
     config_dir: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    then: Callable[[str], Sequence[Task]] | None = None,
 ) -> dict[str, int]:
     """Plan every experiment, run all their unfinished cells in one pool; exit code per
     experiment as `python -m repro.run +exp=NAME OVERRIDES` would return it (2: invalid
     configuration, nothing of it ran; 1: a cell failed; 130 / 143: stopped). config_dir: a
-    further config tree searched like `--config-dir` (tests)."""
+    further config tree searched like `--config-dir` (tests). `then(exp)`: pool Tasks that
+    follow an experiment (its figures), run on the same workers once its last cell is done."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -108,6 +122,14 @@ def run_experiments(
     codes: dict[str, int] = {}
     runnable: list[tuple[Planned, list]] = []
     n_next = [0]
+    waiting: dict[str, set[int]] = {}  # experiment -> indices of its cells still running
+    exp_of: dict[int, str] = {}
+
+    def after(outcome: CellOutcome) -> Sequence[Task]:
+        """then(exp) once the last of exp's cells that run here is done (none run: no tasks)."""
+        exp = exp_of[outcome.index]
+        waiting[exp].discard(outcome.index)
+        return then(exp) if then is not None and not waiting[exp] else []
 
     t0 = time.perf_counter()
     if config_dir is not None:
@@ -136,7 +158,8 @@ def run_experiments(
                 specs = [dataclasses.replace(s, index=n_next[0] + i) for i, s in enumerate(specs)]
                 n_next[0] += len(specs)
                 runnable.append((p, specs))
-                submit(specs, cell_states(specs))
+                exp_of.update((s.index, p.exp) for s in specs)
+                waiting[p.exp] = {s.index for s in submit(specs, cell_states(specs))}
         print(f"[plan] {len(exps)} experiment(s), {n_next[0]} cells planned after "
               f"{time.perf_counter() - t0:.1f} s", file=err, flush=True)
 
@@ -144,7 +167,7 @@ def run_experiments(
     signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         outcomes: list[CellOutcome] = run_fed_specs(plan, n_jobs=n_jobs, desc=f"{len(exps)} experiments",
-                                                   cost=cell_cost)
+                                                   cost=cell_cost, after=after)
     except (KeyboardInterrupt, Stopped) as exc:
         print(f"stopped ({'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else exc}); finished cells are kept, "
               f"the interrupted ones left no files; rerun to resume", file=err)

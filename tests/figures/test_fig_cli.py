@@ -22,7 +22,7 @@ def test_run_missing_runs_every_defined_experiment_in_one_grid(results_copy, tmp
     monkeypatch.setattr(cli, "CONF_EXP", conf)
     calls = []
 
-    def fake_grid(exps, results_dir):
+    def fake_grid(exps, results_dir, then=None):
         calls.append((list(exps), results_dir))
         return {e: 0 for e in exps}
 
@@ -44,6 +44,6 @@ def test_run_missing_reports_a_failed_experiment(results_copy, tmp_path, monkeyp
     (conf / "fig4_order.yaml").write_text("")
     (conf / "fig5_request_rate.yaml").write_text("")
     monkeypatch.setattr(cli, "CONF_EXP", conf)
-    monkeypatch.setattr(cli, "_run_grid", lambda exps, r: {"fig4_order": 1, "fig5_request_rate": 0})
+    monkeypatch.setattr(cli, "_run_grid", lambda exps, r, then=None: {"fig4_order": 1, "fig5_request_rate": 0})
     problems = cli.run_missing(["fig4_order", "fig5_request_rate"], results_copy)
     assert problems == ["fig4_order: its grid ended with exit code 1 (as `python -m repro.run +exp=fig4_order` would)"]
