@@ -95,4 +95,14 @@ def render_artefact(name: str, results_dir, figures_dir) -> str | None:
     return None
 
 
-__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "experiment_of", "experiments_read", "render_artefact"]
+def draw_in_worker(name: str, results_dir, figures_dir) -> tuple[str | None, dict]:
+    """render_artefact in a sweep's worker: (its problem, the results frames it loaded), the frames
+    handed back so that the claims need not read those results again (repro.figures.load.remember)."""
+    from repro.figures.load import memoized_loads
+
+    with memoized_loads() as frames:
+        return render_artefact(name, results_dir, figures_dir), dict(frames)
+
+
+__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "draw_in_worker", "experiment_of", "experiments_read",
+           "render_artefact"]

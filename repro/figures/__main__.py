@@ -61,18 +61,22 @@ def drawing_tasks(names, results_dir: Path, figures_dir: Path, drawn: dict[str, 
     """then(exp) for run_missing: draw each artefact that reads only `exp` on the pool's workers
     as soon as exp's last cell is done (drawn[name] = its problem or None), so that the figures
     are drawn while other experiments still run instead of one after another at the end."""
-    from repro.figures import experiments_read, render_artefact
+    from repro.figures import draw_in_worker, experiments_read
+    from repro.figures.load import remember
     from repro.harness.pool import Task
 
-    def record(name):
-        def done(problem, error):
-            drawn[name] = problem if error is None else f"{name}: drawing failed: {error.strip().splitlines()[-1]}"
+    def record(name, exp):
+        def done(value, error):
             if error is not None:
+                drawn[name] = f"{name}: drawing failed: {error.strip().splitlines()[-1]}"
                 log(f"[render] {name}: failed in a worker\n{error}")
+                return
+            drawn[name], frames = value
+            remember({k: df for k, df in frames.items() if k[1] == exp})  # only exp is known finished
         return done
 
     def then(exp: str):
-        return [Task(render_artefact, (n, str(results_dir), str(figures_dir)), record(n))
+        return [Task(draw_in_worker, (n, str(results_dir), str(figures_dir)), record(n, exp))
                 for n in names if experiments_read(n) == (exp,)]
     return then
 
@@ -204,14 +208,16 @@ def main(argv=None) -> int:
             return check(results_dir, figures_dir, reproduce_md or repo / "REPRODUCE.md")
     t0 = time.perf_counter()
     drawn: dict[str, str | None] = {}  # drawn while the run went on: name -> its problem or None
-    if a.run_missing:
-        figures_dir.mkdir(parents=True, exist_ok=True)
-        problems = run_missing(names, results_dir, drawing_tasks(names, results_dir, figures_dir, drawn))
-    else:
-        problems = []
-    t_run = time.perf_counter() - t0
-    problems += [p for p in drawn.values() if p is not None]
-    with memoized_loads():  # results/ does not change from here on
+    # memo: an experiment's frames enter it only once its cells are done (drawing_tasks); after the
+    # run, results/ does not change
+    with memoized_loads():
+        if a.run_missing:
+            figures_dir.mkdir(parents=True, exist_ok=True)
+            problems = run_missing(names, results_dir, drawing_tasks(names, results_dir, figures_dir, drawn))
+        else:
+            problems = []
+        t_run = time.perf_counter() - t0
+        problems += [p for p in drawn.values() if p is not None]
         problems += render([n for n in names if n not in drawn], results_dir, figures_dir)
         claims_table = write_generated(results_dir, figures_dir, reproduce_md)
     if a.tracking != "disabled":
