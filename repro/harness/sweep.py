@@ -192,18 +192,19 @@ def run_specs(
 
 
 def run_fed_specs(
-    plan: Callable[[Callable[[Sequence[CellSpec], Sequence[tuple[str, list[str]]]], list[CellSpec]]], None],
+    plan: Callable[..., None],
     n_jobs: int | None = None,
     desc: str = "cells",
     cost: Callable[[CellSpec], float] | None = None,
     after: Callable[[CellOutcome], Sequence[Any]] | None = None,
 ) -> list[CellOutcome]:
-    """run_specs for specs that are still being planned: `plan(submit)` runs in a thread and calls
-    submit(specs, states) once per batch (indices unique over all batches; it returns the specs
-    that will run); the workers start at once and take each batch's unfinished cells as it
-    comes, the highest `cost(spec)` first (the order never changes a result). `after(outcome)`
-    (in this process, per cell run) may return pool Tasks, run on the same workers before the
-    cells still waiting. Outcomes in submission order.
+    """run_specs for specs that are still being planned: `plan(submit, put_tasks)` runs in a
+    thread and calls submit(specs, states) once per batch (indices unique over all batches; it
+    returns the specs that will run); the workers start at once and take each batch's
+    unfinished cells as it comes, the highest `cost(spec)` first (the order never changes a
+    result). put_tasks(tasks) and `after(outcome)` (in this process, per cell run; it returns
+    tasks) give the workers pool Tasks, run before the cells still waiting. Outcomes in
+    submission order.
     An exception in `plan` is re-raised here once the cells already submitted are done."""
     import threading
 
@@ -221,7 +222,7 @@ def run_fed_specs(
 
     def planner() -> None:
         try:
-            plan(submit)
+            plan(submit, feed.put)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             failure.append(exc)
         finally:

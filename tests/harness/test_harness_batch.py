@@ -101,3 +101,19 @@ def test_then_tasks_run_once_after_the_last_cell_of_their_experiment(tmp_path, r
     got.clear()  # nothing left to run: nothing follows
     assert run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], **args) == {"tiny": 0}
     assert got == []
+
+
+def test_validation_builds_its_workloads_on_the_workers_not_here(tmp_path, reference, monkeypatch):
+    """The deep check's workloads (their longest request) come from pool Tasks: this process
+    never builds one (here it could not), and the files are the same."""
+    from repro.backends import assembly
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the parent built a workload")
+
+    monkeypatch.setattr(assembly, "build_workload", no_build)  # this process only: workers import afresh
+    err = io.StringIO()
+    codes = run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], n_jobs=2,
+                            config_dir=str(FIXTURE_CONF), out=io.StringIO(), err=err)
+    assert codes == {"tiny": 0}, err.getvalue()
+    assert cell_files(tmp_path) == reference
