@@ -13,8 +13,9 @@ parent, and one dead worker breaks the whole pool. Here
 - a worker that dies (kill -9, OOM) fails only the cell it was running and is replaced;
 - a cell whose lock another live process holds ("busy") is retried after the others, every
   POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here);
-- a `Task` (work that follows cells, e.g. drawing a finished experiment's figures) runs on the
-  same workers, before any cell still waiting, so that no core idles while it runs at the end.
+- a `Task` (work that is not a cell: building the workloads validation needs, drawing a
+  finished experiment's figures) runs on the same workers, before any cell still waiting, so
+  that no core idles while the parent does it.
 """
 
 from __future__ import annotations
