@@ -54,6 +54,20 @@ def theory_params(cfg: Mapping) -> dict:
     )
 
 
+def replayed_paths(cfg: Mapping) -> int:
+    """How many paths the cell replays, over all its seeds: its run time, to schedule it
+    (0 if the cell is not valid; validation reports that)."""
+    try:
+        p = theory_params(cfg)
+        runs = int(p.get("num_seeds", 1))
+        if p["construction"] == "random":
+            return runs * int(p["num_requests"])
+        x = int(p[X_KEY[p["construction"]]])
+        return runs * (int(p["num_phases"]) + 2) * x * int(p.get("beta", 1))  # thm5: beta paths per batch
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
 def identity(cfg: Mapping) -> Mapping:
     return theory_params(cfg)
 

@@ -64,4 +64,45 @@ def experiment_of(name: str) -> str:
     return name
 
 
-__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "experiment_of"]
+def experiments_read(name: str) -> tuple[str, ...]:
+    """Every results/<exp>/ an artefact reads: its own, and its module's BASE_EXP if it has one."""
+    base = getattr(artefact(name), "BASE_EXP", None)
+    return (experiment_of(name),) + ((base,) if base else ())
+
+
+def render_artefact(name: str, results_dir, figures_dir) -> str | None:
+    """Draw one artefact into figures_dir (logging a line); the problem that stopped it, or None.
+    Module level, so that a sweep's worker process can draw a finished experiment's figures."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from repro.figures.load import ResultsError
+
+    t0 = time.perf_counter()
+    results_dir, figures_dir = Path(results_dir), Path(figures_dir)
+    try:
+        paths = artefact(name).render(results_dir, figures_dir)
+    except (ArtefactUnavailable, ResultsError, FileNotFoundError, ValueError) as exc:
+        print(f"[render] {name}: skipped — {exc}", file=sys.stderr, flush=True)
+        return f"{name}: {exc}"
+    if name == "thm_competitive_ratio":
+        from repro.figures.reproduce import thm_caption
+        from repro.figures.style import write_text
+
+        write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n")
+    print(f"[render] {name}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return None
+
+
+def draw_in_worker(name: str, results_dir, figures_dir) -> tuple[str | None, dict]:
+    """render_artefact in a sweep's worker: (its problem, the results frames it loaded), the frames
+    handed back so that the claims need not read those results again (repro.figures.load.remember)."""
+    from repro.figures.load import memoized_loads
+
+    with memoized_loads() as frames:
+        return render_artefact(name, results_dir, figures_dir), dict(frames)
+
+
+__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "draw_in_worker", "experiment_of", "experiments_read",
+           "render_artefact"]

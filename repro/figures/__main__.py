@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from repro.confutil import CONF_DIR
-from repro.figures import ARTEFACTS, ArtefactUnavailable, artefact, experiment_of
-from repro.figures.load import ResultsError, memoized_loads
+from repro.figures import ARTEFACTS, experiment_of, render_artefact
+from repro.figures.load import memoized_loads
 
 CONF_EXP = CONF_DIR / "exp"
 
@@ -50,20 +50,44 @@ def log(msg: str) -> None:
 
 
 # -- running experiments ---------------------------------------------------------------------
-def _run_grid(exps: list[str], results_dir: Path) -> dict[str, int]:
+def _run_grid(exps: list[str], results_dir: Path, then=None) -> dict[str, int]:
     """All these experiments' unfinished cells in one pool of this process (exit code per experiment)."""
     from repro.harness.batch import run_experiments
 
-    return run_experiments(exps, [f"results_dir={results_dir}"])
+    return run_experiments(exps, [f"results_dir={results_dir}"], then=then)
 
 
-def run_missing(names, results_dir: Path) -> list[str]:
+def drawing_tasks(names, results_dir: Path, figures_dir: Path, drawn: dict[str, str | None]):
+    """then(exp) for run_missing: draw each artefact that reads only `exp` on the pool's workers
+    as soon as exp's last cell is done (drawn[name] = its problem or None), so that the figures
+    are drawn while other experiments still run instead of one after another at the end."""
+    from repro.figures import draw_in_worker, experiments_read
+    from repro.figures.load import remember
+    from repro.harness.pool import Task
+
+    def record(name, exp):
+        def done(value, error):
+            if error is not None:
+                drawn[name] = f"{name}: drawing failed: {error.strip().splitlines()[-1]}"
+                log(f"[render] {name}: failed in a worker\n{error}")
+                return
+            drawn[name], frames = value
+            remember({k: df for k, df in frames.items() if k[1] == exp})  # only exp is known finished
+        return done
+
+    def then(exp: str):
+        return [Task(draw_in_worker, (n, str(results_dir), str(figures_dir)), record(n, exp))
+                for n in names if experiments_read(n) == (exp,)]
+    return then
+
+
+def run_missing(names, results_dir: Path, then=None) -> list[str]:
     """Run what is missing; returns the problems (experiment: reason).
 
     Every experiment with a conf/exp/<exp>.yaml is planned in this process and all their
     unfinished cells run in one worker pool (repro.harness.batch: the same cells and files as
     `python -m repro.run +exp=NAME`, finished ones skipped), so no experiment pays its own
-    start-up and both cores stay busy across experiments."""
+    start-up and both cores stay busy across experiments. `then`: see drawing_tasks."""
     problems = []
     grid: list[str] = []
     for name in names:
@@ -78,7 +102,7 @@ def run_missing(names, results_dir: Path) -> list[str]:
     if grid:
         t0 = time.perf_counter()
         log(f"[run] {len(grid)} experiment(s) in one pool: {', '.join(grid)}")
-        codes = _run_grid(grid, results_dir)
+        codes = _run_grid(grid, results_dir, then)
         log(f"[run] {len(grid)} experiment(s): done after {time.perf_counter() - t0:.0f} s wall")
         for exp in grid:
             if codes.get(exp, 1) != 0:
@@ -92,24 +116,9 @@ def render(names, results_dir: Path, figures_dir: Path) -> list[str]:
     problems = []
     figures_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
-        t0 = time.perf_counter()
-        try:
-            mod = artefact(name)
-            paths = mod.render(results_dir, figures_dir)
-        except ArtefactUnavailable as exc:
-            problems.append(f"{name}: {exc}")
-            log(f"[render] {name}: skipped — {exc}")
-            continue
-        except (ResultsError, FileNotFoundError, ValueError) as exc:
-            problems.append(f"{name}: {exc}")
-            log(f"[render] {name}: skipped — {exc}")
-            continue
-        if name == "thm_competitive_ratio":
-            from repro.figures.reproduce import thm_caption
-            from repro.figures.style import write_text
-
-            write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n")
-        log(f"[render] {name}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s")
+        problem = render_artefact(name, results_dir, figures_dir)
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 
@@ -198,10 +207,18 @@ def main(argv=None) -> int:
         with memoized_loads():
             return check(results_dir, figures_dir, reproduce_md or repo / "REPRODUCE.md")
     t0 = time.perf_counter()
-    problems = run_missing(names, results_dir) if a.run_missing else []
-    t_run = time.perf_counter() - t0
-    with memoized_loads():  # results/ does not change from here on
-        problems += render(names, results_dir, figures_dir)
+    drawn: dict[str, str | None] = {}  # drawn while the run went on: name -> its problem or None
+    # memo: an experiment's frames enter it only once its cells are done (drawing_tasks); after the
+    # run, results/ does not change
+    with memoized_loads():
+        if a.run_missing:
+            figures_dir.mkdir(parents=True, exist_ok=True)
+            problems = run_missing(names, results_dir, drawing_tasks(names, results_dir, figures_dir, drawn))
+        else:
+            problems = []
+        t_run = time.perf_counter() - t0
+        problems += [p for p in drawn.values() if p is not None]
+        problems += render([n for n in names if n not in drawn], results_dir, figures_dir)
         claims_table = write_generated(results_dir, figures_dir, reproduce_md)
     if a.tracking != "disabled":
         from repro.tracking.figures import log_figures_run

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -123,9 +123,16 @@ def memoized_loads():
     outer = _MEMO
     _MEMO = {} if outer is None else outer
     try:
-        yield
+        yield _MEMO
     finally:
         _MEMO = outer
+
+
+def remember(frames: Mapping) -> None:
+    """Add frames load_cells made elsewhere (a worker that drew a finished experiment's figures)
+    to the open memoized_loads block, if any, so that they are not read again here."""
+    if _MEMO is not None:
+        _MEMO.update(frames)
 
 
 def load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:

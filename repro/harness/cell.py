@@ -24,6 +24,7 @@ remove the cell's partial files and release its lock.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -76,7 +77,8 @@ class CellOutcome:
     traceback: str | None = None
 
 
-def package_versions() -> dict[str, str]:
+@functools.lru_cache(maxsize=1)  # installed versions do not change within a process
+def _package_versions() -> tuple[tuple[str, str], ...]:
     import repro
 
     out = {"repro": repro.__version__, "python": PYTHON_VERSION}
@@ -85,7 +87,11 @@ def package_versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "absent"
-    return out
+    return tuple(out.items())
+
+
+def package_versions() -> dict[str, str]:
+    return dict(_package_versions())
 
 
 def provenance(cfg: Mapping[str, Any], backend_provenance: Mapping[str, Any] | None, signature: str) -> dict:
@@ -260,7 +266,8 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
     failed = True
     try:
         _clear_unfinished(store)
-        store.write_text(CONFIG, OmegaConf.to_yaml(OmegaConf.create(cfg), sort_keys=True))
+        node = OmegaConf.create(cfg)  # one node: config.yaml is written before the backend gets it
+        store.write_text(CONFIG, OmegaConf.to_yaml(node, sort_keys=True))
         fingerprint = cell_fingerprint(cfg)  # this process's code/data: it is what computes the cell
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         tracking = dict(cfg.get("tracking") or {})
@@ -280,7 +287,7 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
         faults.checkpoint("start")
         backend = get_backend(str(cfg["backend"]["name"]))
         tb0 = time.perf_counter()
-        result = backend.run_cell(OmegaConf.create(cfg), progress=tracker.progress)
+        result = backend.run_cell(node, progress=tracker.progress)
         backend_s = time.perf_counter() - tb0
 
         records = None

@@ -12,21 +12,27 @@ parent, and one dead worker breaks the whole pool. Here
   STOP_GRACE_S, then killed; the parent re-raises, so the sweep ends within seconds;
 - a worker that dies (kill -9, OOM) fails only the cell it was running and is replaced;
 - a cell whose lock another live process holds ("busy") is retried after the others, every
-  POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here).
+  POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here);
+- a `Task` (work that is not a cell: building the workloads validation needs, drawing a
+  finished experiment's figures) runs on the same workers, before any cell still waiting, so
+  that no core idles while the parent does it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections import deque
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, run_cell_spec
 from repro.results import CellStore
@@ -34,6 +40,24 @@ from repro.results.lock import CellLock
 
 STOP_GRACE_S = 5.0
 POLL_S = 1.0
+
+
+@dataclass(eq=False)
+class Task:
+    """Work other than a cell for the pool: `fn(*args)` runs in a worker (fn and args picklable:
+    a module-level function); `done(value, error)` then runs in this process, error being None
+    or the traceback (a worker that died: its exit code)."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    done: Callable[[Any, str | None], None] = field(default=lambda value, error: None)
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> tuple[Any, str | None]:
+    try:
+        return fn(*args), None
+    except Exception:  # the parent reports it; the worker goes on
+        return None, traceback.format_exc()
 
 
 def _raise_stopped(signum, frame):  # noqa: ARG001
@@ -76,7 +100,7 @@ def _worker_main(conn, ppid: int, tracking_event) -> None:
                 return
             if spec is None:
                 return
-            conn.send(run_cell_spec(spec, wait=False))
+            conn.send(_call(*spec) if isinstance(spec, tuple) else run_cell_spec(spec, wait=False))
     except (Stopped, BrokenPipeError, EOFError):
         return
 
@@ -103,7 +127,8 @@ def _died(spec: CellSpec, why: str) -> CellOutcome:
 
 class Feed:
     """Specs that arrive while the pool runs (a planner thread puts them, the pool takes them):
-    the workers start before the planning of the later experiments is done."""
+    the workers start before the planning of the later experiments is done. Tasks may still be
+    put after `close` (by on_done, while the pool runs)."""
 
     def __init__(self, cost: Callable[[CellSpec], float] | None = None) -> None:
         self.cost = cost  # the pool hands out the costliest pending spec first (shorter tail)
@@ -152,15 +177,24 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
 
     def take() -> None:
         nonlocal open_feed
-        if open_feed:
+        if feed is not None:
             items, closed = feed.take()
             open_feed = not closed
             if items:
                 pending.extend(items)
-                if feed.cost is not None:  # stable: equal costs keep their order
-                    ordered = sorted(pending, key=lambda s: -feed.cost(s))
-                    pending.clear()
-                    pending.extend(ordered)
+                # stable: equal costs keep their order; tasks first (what they follow is done)
+                ordered = sorted(pending, key=lambda s: -math.inf if isinstance(s, Task) else
+                                 -feed.cost(s) if feed.cost is not None else 0.0)
+                pending.clear()
+                pending.extend(ordered)
+
+    def finish(item, out) -> None:
+        if isinstance(item, Task):
+            item.done(*out)
+        elif out.status == "busy":
+            deferred.append(item)
+        else:
+            on_done(out)
 
     if n_jobs <= 1:
         while True:
@@ -176,11 +210,7 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                 deferred = [s for s in deferred if s not in pending]
                 continue
             spec = pending.popleft()
-            out = run_cell_spec(spec, wait=False)
-            if out.status == "busy":
-                deferred.append(spec)
-            else:
-                on_done(out)
+            finish(spec, _call(spec.fn, spec.args) if isinstance(spec, Task) else run_cell_spec(spec, wait=False))
         return
 
     ctx = multiprocessing.get_context("spawn")
@@ -199,7 +229,7 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                 if w.spec is None and pending:
                     w.spec = pending.popleft()
                     try:
-                        w.conn.send(w.spec)
+                        w.conn.send((w.spec.fn, w.spec.args) if isinstance(w.spec, Task) else w.spec)
                     except (BrokenPipeError, OSError):
                         pass  # its death is noticed below
             active = [w for w in workers if w.spec is not None]
@@ -219,7 +249,9 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                         out = None
                 if out is None and not w.proc.is_alive():
                     w.proc.join(1)
-                    if w.spec is not None:
+                    if isinstance(w.spec, Task):
+                        out = (None, f"worker process died (exit code {w.proc.exitcode})")
+                    elif w.spec is not None:
                         out = _died(w.spec, f"exit code {w.proc.exitcode}")
                     w.conn.close()
                 else:
@@ -227,10 +259,7 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                 if out is None:
                     continue
                 spec, w.spec = w.spec, None
-                if out.status == "busy":
-                    deferred.append(spec)
-                else:
-                    on_done(out)
+                finish(spec, out)
             workers = survivors
             if deferred and (time.monotonic() - last_poll >= POLL_S or not pending):
                 last_poll = time.monotonic()

@@ -192,15 +192,19 @@ def run_specs(
 
 
 def run_fed_specs(
-    plan: Callable[[Callable[[Sequence[CellSpec], Sequence[tuple[str, list[str]]]], None]], None],
+    plan: Callable[..., None],
     n_jobs: int | None = None,
     desc: str = "cells",
     cost: Callable[[CellSpec], float] | None = None,
+    after: Callable[[CellOutcome], Sequence[Any]] | None = None,
 ) -> list[CellOutcome]:
-    """run_specs for specs that are still being planned: `plan(submit)` runs in a thread and calls
-    submit(specs, states) once per batch (indices unique over all batches); the workers start
-    at once and take each batch's unfinished cells as it comes, the highest `cost(spec)` first
-    (the order never changes a result). Outcomes in submission order.
+    """run_specs for specs that are still being planned: `plan(submit, put_tasks)` runs in a
+    thread and calls submit(specs, states) once per batch (indices unique over all batches; it
+    returns the specs that will run); the workers start at once and take each batch's
+    unfinished cells as it comes, the highest `cost(spec)` first (the order never changes a
+    result). put_tasks(tasks) and `after(outcome)` (in this process, per cell run; it returns
+    tasks) give the workers pool Tasks, run before the cells still waiting. Outcomes in
+    submission order.
     An exception in `plan` is re-raised here once the cells already submitted are done."""
     import threading
 
@@ -209,15 +213,16 @@ def run_fed_specs(
     triage, feed, submitted, failure = _Triage(), Feed(cost), [], []
     bar = _bar(0, desc)
 
-    def submit(specs: Sequence[CellSpec], states: Sequence[tuple[str, list[str]]]) -> None:
+    def submit(specs: Sequence[CellSpec], states: Sequence[tuple[str, list[str]]]) -> list[CellSpec]:
         todo = triage.add(specs, states)
         submitted.extend(specs)
         bar.grow(len(todo))
         feed.put(todo)
+        return todo
 
     def planner() -> None:
         try:
-            plan(submit)
+            plan(submit, feed.put)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             failure.append(exc)
         finally:
@@ -226,8 +231,15 @@ def run_fed_specs(
     n_jobs = max(1, usable_cpus() if n_jobs is None else int(n_jobs))
     thread = threading.Thread(target=planner, name="sweep-planner", daemon=True)
     thread.start()
+    done = _Done(triage.outcomes, bar)
+
+    def on_done(out: CellOutcome) -> None:
+        done(out)
+        if after is not None:
+            feed.put(after(out))
+
     try:
-        run_cells([], n_jobs, _Done(triage.outcomes, bar), feed)
+        run_cells([], n_jobs, on_done, feed)
     finally:
         bar.close()
     thread.join()

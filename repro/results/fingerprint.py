@@ -159,13 +159,20 @@ def import_closure(
 
 def package_data_files(module_files: Iterable[Path]) -> list[Path]:
     """Non-Python files in the folders of the closure's packages (not in their subpackages)."""
+    return _package_data(module_files)[0]
+
+
+def _package_data(module_files: Iterable[Path]) -> tuple[list[Path], list[Path]]:
+    """(package_data_files, the data folders listed to find them)."""
     out: set[Path] = set()
+    listed: list[Path] = []
     for f in module_files:
         if f.name != "__init__.py":
             continue
         stack = [f.parent]
         while stack:
             d = stack.pop()
+            listed.append(d)
             for child in d.iterdir():
                 if child.name.startswith(".") or child.name == "__pycache__":
                     continue
@@ -174,7 +181,7 @@ def package_data_files(module_files: Iterable[Path]) -> list[Path]:
                         stack.append(child)  # plain data folder: part of this package
                 elif child.suffix not in (".py", ".pyc", ".pyo"):
                     out.add(child)
-    return sorted(out)
+    return sorted(out), listed
 
 
 @lru_cache(maxsize=1)
@@ -209,20 +216,34 @@ def code_fingerprint(
 ) -> dict:
     """{code, package_data, versions} of the import closure of `roots` (memoised per process)."""
     key = (tuple(sorted(set(roots))), str(root_dir), tuple(packages), tuple(exclude))
-    modules, external, _ = import_closure(roots, root_dir=root_dir, packages=packages, exclude=exclude)
-    data_files = package_data_files(modules.values())
-    # re-validate the memo cheaply: the stats of the closure's files and of its data files
-    stamp = tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in [*modules.values(), *data_files]))
+    # A hit is re-validated by stats alone (a sweep asks once per cell): the closure's files, its
+    # data files and the folders they were found in (a file added to or removed from a folder
+    # changes the folder's mtime), so the closure walk runs only when something changed.
     hit = _closure_memo.get(key)
-    if hit is not None and hit["stamp"] == stamp:
+    if hit is not None and _stamp(hit["watched"]) == hit["stamp"]:
         return hit["value"]
+    modules, external, _ = import_closure(roots, root_dir=root_dir, packages=packages, exclude=exclude)
+    data_files, data_dirs = _package_data(modules.values())
+    watched = sorted({*modules.values(), *data_files, *data_dirs, *(p.parent for p in modules.values())})
+    stamp = _stamp(watched)
     code = {}
     for name, path in modules.items():
         code[path.relative_to(root_dir).as_posix()] = _module_info(root_dir, name)[1].digest
     data = {p.relative_to(root_dir).as_posix(): file_sha256(p) for p in data_files}
     value = {"code": dict(sorted(code.items())), "package_data": data, "versions": library_versions(external)}
-    _closure_memo[key] = {"stamp": stamp, "value": value}
+    _closure_memo[key] = {"watched": watched, "stamp": stamp, "value": value}
     return value
+
+
+def _stamp(paths: Sequence[Path]) -> tuple:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:  # removed: differs from any earlier stamp
+            out.append(None)
+    return tuple(out)
 
 
 def finish(parts: Mapping[str, Any]) -> dict:

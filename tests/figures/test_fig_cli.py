@@ -22,7 +22,7 @@ def test_run_missing_runs_every_defined_experiment_in_one_grid(results_copy, tmp
     monkeypatch.setattr(cli, "CONF_EXP", conf)
     calls = []
 
-    def fake_grid(exps, results_dir):
+    def fake_grid(exps, results_dir, then=None):
         calls.append((list(exps), results_dir))
         return {e: 0 for e in exps}
 
@@ -44,6 +44,32 @@ def test_run_missing_reports_a_failed_experiment(results_copy, tmp_path, monkeyp
     (conf / "fig4_order.yaml").write_text("")
     (conf / "fig5_request_rate.yaml").write_text("")
     monkeypatch.setattr(cli, "CONF_EXP", conf)
-    monkeypatch.setattr(cli, "_run_grid", lambda exps, r: {"fig4_order": 1, "fig5_request_rate": 0})
+    monkeypatch.setattr(cli, "_run_grid", lambda exps, r, then=None: {"fig4_order": 1, "fig5_request_rate": 0})
     problems = cli.run_missing(["fig4_order", "fig5_request_rate"], results_copy)
     assert problems == ["fig4_order: its grid ended with exit code 1 (as `python -m repro.run +exp=fig4_order` would)"]
+
+
+def test_drawing_tasks_draw_after_their_experiment_and_hand_back_its_frames(results_copy, tmp_path):
+    """--run-missing draws an artefact on the pool once its one experiment is done; the frames the
+    worker loaded join the claims' memo (that experiment's only), so nothing is read twice."""
+    import pickle
+
+    from pandas.testing import assert_frame_equal
+
+    from repro.figures import load
+    from repro.harness.pool import _call
+
+    drawn: dict = {}
+    then = cli.drawing_tasks(["tab2_ablation", "fig2_router_rules"], results_copy, tmp_path / "fig", drawn)
+    assert then("fig2_main") == [] and then("fig2_router_rules") == []  # reads two experiments: after the run
+    (task,) = then("tab2_ablation")
+    (tmp_path / "fig").mkdir()
+    with load.memoized_loads() as memo:
+        task.done(*pickle.loads(pickle.dumps(_call(task.fn, task.args))))  # as from a worker
+        assert drawn == {"tab2_ablation": None}
+        key = (str(results_copy.resolve()), "tab2_ablation")
+        assert list(memo) == [key]
+        want = load._load_cells(results_copy, "tab2_ablation")
+        assert_frame_equal(memo[key], want)
+        assert memo[key].attrs == want.attrs
+    assert (tmp_path / "fig" / "tab2_ablation.md").is_file()

@@ -52,3 +52,68 @@ def test_cell_cost_puts_whole_traces_first():
     assert cell_cost(S({"workload": {"num_queries": None}})) == float("inf")
     assert cell_cost(S({"workload": {"num_queries": 1024}})) == 1024.0
     assert cell_cost(S({"backend": {"name": "theory"}, "workload": {"num_queries": 9}})) == 0.0
+
+
+def test_cell_cost_ranks_theory_cells_by_their_replayed_paths():
+    """The longest theory cell (RLT, 32 seeds, x = 1024) starts before the serving cells, not last."""
+    from repro.backends.theory import replayed_paths
+
+    class S:
+        def __init__(self, cfg):
+            self.config = cfg
+
+    def thm(panel, policy, x):
+        return {"backend": {"name": "theory"}, "theory": {"panel": panel, "policy": policy, "x": x}}
+
+    big, small = thm("thm5", "rlt", 1024), thm("thm4", "lru", 4)
+    assert replayed_paths(big) == 32 * 22 * 1024 * 4  # seeds x (phases + 2) x batches x beta paths
+    assert replayed_paths(small) == 22 * 4
+    assert cell_cost(S(big)) > cell_cost(S({"workload": {"num_queries": 16384}})) > cell_cost(S(small)) > 0
+    assert cell_cost(S(thm("thm9", "lru", 4))) == 0.0  # invalid: validation's to report
+
+
+def _finished_cells(exp_dir: str) -> int:
+    """A pool Task (module level: it runs in a worker): the summaries it finds."""
+    from pathlib import Path
+
+    return len(list(Path(exp_dir).glob("*/summary.json")))
+
+
+def _fails() -> None:
+    raise RuntimeError("this task fails")
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_then_tasks_run_once_after_the_last_cell_of_their_experiment(tmp_path, reference, n_jobs):
+    from repro.harness.pool import Task
+
+    got: list = []
+
+    def then(exp):
+        return [Task(_finished_cells, (str(tmp_path / exp),), lambda value, error: got.append((exp, value, error))),
+                Task(_fails, (), lambda value, error: got.append((exp, value, error.strip().splitlines()[-1])))]
+
+    args = dict(n_jobs=n_jobs, config_dir=str(FIXTURE_CONF), out=io.StringIO(), err=io.StringIO(), then=then)
+    assert run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], **args) == {"tiny": 0}
+    want = [("tiny", 4, None), ("tiny", None, "RuntimeError: this task fails")]
+    assert sorted(got, key=str) == sorted(want, key=str)  # two workers: either may finish first
+    assert cell_files(tmp_path) == reference
+    got.clear()  # nothing left to run: nothing follows
+    assert run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], **args) == {"tiny": 0}
+    assert got == []
+
+
+def test_validation_builds_its_workloads_on_the_workers_not_here(tmp_path, reference, monkeypatch):
+    """The deep check's workloads (their longest request) come from pool Tasks: this process
+    never builds one (here it could not), and the files are the same."""
+    from repro.backends import assembly
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the parent built a workload")
+
+    monkeypatch.setattr(assembly, "build_workload", no_build)  # this process only: workers import afresh
+    err = io.StringIO()
+    codes = run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], n_jobs=2,
+                            config_dir=str(FIXTURE_CONF), out=io.StringIO(), err=err)
+    assert codes == {"tiny": 0}, err.getvalue()
+    assert cell_files(tmp_path) == reference
