@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 
 def _file_mode() -> int:
@@ -32,13 +32,19 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, fsync: bool = Tr
     """Write `data` (str: UTF-8) to `path` atomically; creates the parent folders. Returns the path."""
     if isinstance(data, str):
         data = data.encode()
+    return write_stream_atomic(path, lambda f: f.write(data), fsync=fsync)
+
+
+def write_stream_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, fsync: bool = True) -> Path:
+    """Atomically write the file that `write(f)` produces on an open binary file (streamed: large
+    payloads are never held whole); creates the parent folders. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, FILE_MODE)  # collaborators on shared storage can read results
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

@@ -283,28 +283,14 @@ class StepCostModel:
             layer = x * (1.0 + (gpu / x) ** p) ** inv_p if gpu > 0.0 else x
             total = self._layers * layer + self._head1
         if decode_batch > 0:
-            x = decode_batch * self._gemm_tok
-            y = self._gemm_read
-            if x < y:
-                x, y = y, x
-            layer = x * (1.0 + (y / x) ** p) ** inv_p
-            if self._moe:
-                x = decode_batch * self._exp_tok
-                y = self._num_experts * (1.0 - self._expert_keep**decode_batch) * self._exp_read
-                if x < y:
-                    x, y = y, x
-                layer += x * (1.0 + (y / x) ** p) ** inv_p
-            layer += (
+            gemms, head = self._decode_terms(decode_batch)
+            layer = gemms + (
                 self._t_floor
                 + decode_context_tokens * self._attn_ctx
                 + self._ar_step
                 + decode_batch * self._ar_tok
             )
-            x = decode_batch * self._head_row
-            y = self._head_read
-            if x < y:
-                x, y = y, x
-            total += self._layers * layer + x * (1.0 + (y / x) ** p) ** inv_p
+            total += self._layers * layer + head
         return total
 
     def decode_step_time_s(self, decode_batch: int, decode_context_tokens: float) -> float:

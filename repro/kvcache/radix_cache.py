@@ -328,6 +328,12 @@ class RadixCache:
         """
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         path, pos, child, m = self._walk(key)
+        return self._insert_walked(key, 0, path, pos, child, m)
+
+    def _insert_walked(self, key: bytes, above: int, path: list, pos: int, child, m: int) -> InsertResult:
+        """insert's second half, once `key` was walked (`above` tokens of the path lie above
+        key[0]; `path` the fully matched nodes, `child` the one key diverges in after `m` bytes):
+        split, stamp / mark root to leaf, append the uncached suffix, move the clock."""
         new_bytes = len(key) - pos - m
         if new_bytes and (new_bytes >> 2) > self._capacity - self._total:
             raise CapacityError(
@@ -346,10 +352,10 @@ class RadixCache:
             if child is not None and self.granularity == "node":
                 self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else self.root
-        prefix_len = pos >> 2
+        prefix_len = above + (pos >> 2)
         if new_bytes:
             last = self._append(last, key[pos:], base, True)
-        self.clock = base + (len(key) >> 2)
+        self.clock = base + above + (len(key) >> 2)
         return _tuple_new(InsertResult, (prefix_len, last))
 
     def insert_after(self, node: Node, tokens) -> InsertResult:
@@ -392,29 +398,7 @@ class RadixCache:
                 child = c
                 m = common_prefix_len(key, pos, ck)
                 break
-        new_bytes = end - pos - m
-        if new_bytes and (new_bytes >> 2) > self._capacity - self._total:
-            raise CapacityError(
-                f"insert needs {new_bytes >> 2} new tokens but only {self._capacity - self._total} are free "
-                f"(capacity {self._capacity}); call evict() first or lock less"
-            )
-        if child is not None:
-            path.append(self._split(child, m >> 2))
-            pos += m
-        base = self.clock
-        if path:
-            touch = self.policy.touch
-            for a in path:
-                a.stamp = base + a.depth
-                touch(a)
-            if child is not None and self.granularity == "node":
-                self._stamp_split_remainder(child, path[-1])
-        last = path[-1] if path else root
-        prefix_len = node.depth + (pos >> 2)
-        if new_bytes:
-            last = self._append(last, key[pos:], base, True)
-        self.clock = base + node.depth + (end >> 2)
-        return _tuple_new(InsertResult, (prefix_len, last))
+        return self._insert_walked(key, node.depth, path, pos, child, m)
 
     def access_path(self, node: Node) -> MatchResult:
         """`match_prefix(path_key(node))` for an attached node, without walking: the same

@@ -21,11 +21,10 @@ import io
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from repro.fileio import FILE_MODE, sha256_file, sha256_json, write_json_atomic
+from repro.fileio import sha256_file, sha256_json, write_json_atomic, write_stream_atomic
 
 log = logging.getLogger(__name__)
 
@@ -147,25 +146,15 @@ class _HashingWriter(io.RawIOBase):
 def write_stream(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a cache file whose payload `write(f)` produces, atomically (temp file + rename, fsynced):
     MAGIC, the payload's sha256, the payload -- streamed, never held in memory whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + bytes(_DIGEST_LEN))
-            w = _HashingWriter(f)
-            write(w)
-            f.seek(len(MAGIC))
-            f.write(w.h.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+
+    def body(f: BinaryIO) -> None:
+        f.write(MAGIC + bytes(_DIGEST_LEN))  # the digest's place, filled in once the payload is written
+        w = _HashingWriter(f)
+        write(w)
+        f.seek(len(MAGIC))
+        f.write(w.h.digest())
+
+    write_stream_atomic(path, body)
 
 
 def write_payload(path: Path, payload: bytes) -> None:
