@@ -674,13 +674,15 @@ class SimWorker:
                 ranked = self.last_ranked = self._ranked_waiting()
             no_chunking = self.chunk_limit == NO_CHUNK_LIMIT
             rank_nodes = self._rank_nodes
+            rank_version = self.tree_version
             for i in ranked:
                 if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
                 plen = t.prompt_len[i]
                 rm = rank_nodes.get(i) if rank_nodes is not None else None
-                # the pass's rank match is the tree's match now: the pass changes no content
-                p = rm.length if rm is not None else self._peek(i)
+                # the rank match is the tree's match while the tree is unchanged since the ranking
+                # (exact mode changes nothing until the batch is committed; _admit evicts / inserts)
+                p = rm.length if rm is not None and self.tree_version == rank_version else self._peek(i)
                 h = self._computed_hit(i, p) if pending and p else p
                 c0 = h if h < plen else plen - 1
                 n_total = plen - c0

@@ -246,7 +246,7 @@ def _restore(w, running, chunked) -> None:
     own admission path (`_admit`: match, lock, insert, reserve), then marked running / mid-prefill."""
     t = w.table
     for i, gen in running:
-        assert w._admit(i, w.cache.peek_prefix(t.prompt_key[i])), "state does not fit"
+        assert w._admit(i, w.cache.peek_prefix(t.key(i))), "state does not fit"
         w.n_admitted += 1
         w.n_running += 1
         t.compute_len[i] = t.prefilled[i] = t.prompt_len[i]
@@ -257,19 +257,19 @@ def _restore(w, running, chunked) -> None:
     if chunked is not None:
         i, done = chunked
         if w.per_chunk:  # as after its last step: the computed prefix in the tree, locked; output reserved
-            node = w.cache.insert(t.prompt_key[i][: done << 2]).last_node
+            node = w.cache.insert(t.key(i)[: done << 2]).last_node
             w.cache.inc_lock_ref(node)
             t.lock_node[i] = node
             w.reserved_tokens += t.output_len[i]
         else:
-            assert w._admit(i, w.cache.peek_prefix(t.prompt_key[i])), "state does not fit"
+            assert w._admit(i, w.cache.peek_prefix(t.key(i))), "state does not fit"
         w.n_admitted += 1
         w.active_kv_tokens += t.prompt_len[i]
         t.compute_start[i] = 0
         t.compute_len[i] = t.prompt_len[i]
         t.prefilled[i] = done
         w.chunked = i
-        w.pending = [] if w.per_chunk else [(t.prompt_tokens[i], done)]
+        w.pending = [] if w.per_chunk else [(t.key(i), done)]
 
 
 EXACT = dict(in_batch_prefix_caching=True, lpm_rank_access="match", exact_budgets=True, chunk_insertion="per_chunk")
@@ -289,6 +289,8 @@ def ours_decide(state: SchedState, **modes) -> Decision:
     for prompt, out in state.waiting:
         reqs.append(make_request(len(reqs), 0.0, prompt, output_len=out))
     table = RequestTable(reqs)
+    for i in range(len(reqs)):  # every request of the state is in flight: its key exists (the cluster builds it on dispatch)
+        table.key(i)
     cache = make_cache(state.capacity, {"name": "lru", "granularity": "node"}, 0)
     sched = SchedulerConfig(
         schedule_policy=state.policy,
