@@ -186,9 +186,11 @@ class RadixCache:
         return out
 
     # ------------------------------------------------------------------ walking
-    def _walk(self, key: bytes):
-        """Side-effect-free descent: (fully matched nodes, matched bytes, partially matched child, its bytes)."""
-        node = self.root
+    def _walk(self, key: bytes, node: "Node | None" = None):
+        """Side-effect-free descent from `node` (the root by default): (fully matched nodes below
+        it, matched bytes of key, partially matched child, its matched bytes)."""
+        if node is None:
+            node = self.root
         pos = 0
         end = len(key)
         path = []
@@ -279,6 +281,16 @@ class RadixCache:
         self._evictable += n
         self.policy.new_node(node, marked)
         return node
+
+    def _ancestry(self, node: Node) -> list:
+        """The nodes from below the root down to `node` (empty for the root), root to leaf."""
+        root = self.root
+        path = []
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
 
     # ------------------------------------------------------------------ verbs
     def match_prefix(self, tokens) -> MatchResult:
@@ -371,33 +383,9 @@ class RadixCache:
         root = self.root
         if node is not root and node.parent is None:
             raise ValueError("insert_after on an evicted node; use a node returned by a recent match/insert")
-        path = []
-        a = node
-        while a is not root:
-            path.append(a)
-            a = a.parent
-        path.reverse()
-        pos = 0
-        end = len(key)
-        child = None
-        m = 0
-        cur = node
-        while pos < end:  # _walk below `node`
-            c = cur.children.get(key[pos : pos + 4])
-            if c is None:
-                break
-            ck = c.key
-            nb = c.n << 2
-            if len(ck) != nb:
-                ck = c.key = ck[:nb]
-            if key.startswith(ck, pos):
-                path.append(c)
-                pos += nb
-                cur = c
-            else:
-                child = c
-                m = common_prefix_len(key, pos, ck)
-                break
+        path = self._ancestry(node)
+        below, pos, child, m = self._walk(key, node)
+        path += below
         return self._insert_walked(key, node.depth, path, pos, child, m)
 
     def access_path(self, node: Node) -> MatchResult:
@@ -409,12 +397,7 @@ class RadixCache:
             return _tuple_new(MatchResult, (0, root))
         if node.parent is None:
             raise ValueError("access_path on an evicted node; use a node returned by a recent match/insert")
-        path = []
-        a = node
-        while a is not root:
-            path.append(a)
-            a = a.parent
-        path.reverse()
+        path = self._ancestry(node)
         base = self.clock
         touch = self.policy.touch
         for a in path:

@@ -92,12 +92,13 @@ class GSPWorkload(WorkloadSpec):
             ppg = math.ceil(self.cfg["num_queries"] / self.cfg["num_groups"])
         return int(ppg)
 
-    def make_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+    def draw_lengths(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(system-prompt length per group, question length per (group, prompt), output length per
+        (group, prompt)), from the seed's "gsp.lengths" stream."""
         c = self.cfg
         G, P = c["num_groups"], self.prompts_per_group()
         rr = c["range_ratio"]
         rng_len = component_rng(seed, "gsp.lengths")
-        rng_tok = component_rng(seed, "gsp.tokens")
         if c["system_prompt_len_range"] is not None:
             lo, hi = c["system_prompt_len_range"]
             sys_lens = rng_len.integers(lo, hi + 1, size=G)
@@ -110,6 +111,13 @@ class GSPWorkload(WorkloadSpec):
             totals = sys_lens + c["question_len"]
             sys_lens = np.clip(np.rint(r * totals), 1, totals - 1).astype(np.int64)
             q_lens = np.repeat((totals - sys_lens)[:, None], P, axis=1)
+        return sys_lens, q_lens, out_lens
+
+    def make_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        c = self.cfg
+        G, P = c["num_groups"], self.prompts_per_group()
+        sys_lens, q_lens, out_lens = self.draw_lengths(seed)
+        rng_tok = component_rng(seed, "gsp.tokens")
 
         prov = {
             "rows_read": 0,

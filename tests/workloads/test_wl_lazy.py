@@ -18,7 +18,6 @@ from wl_helpers import wl_cfg
 from repro.kvcache import as_key
 from repro.workloads import Request, build_workload, resolve_spec
 from repro.workloads.arrivals import component_rng
-from repro.workloads.gsp import compute_random_lens
 from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.synthetic import words_segment
 from repro.workloads.tokenizer import make_tokenizer
@@ -76,20 +75,9 @@ def _loop_pool(spec, seed):
     """GSP's pool as it was built before the numpy builder: one words_segment per segment."""
     c = spec.cfg
     tok = make_tokenizer(c["tokenizer"])
-    G, P, rr = c["num_groups"], spec.prompts_per_group(), c["range_ratio"]
-    rng_len, rng = component_rng(seed, "gsp.lengths"), component_rng(seed, "gsp.tokens")
-    if c["system_prompt_len_range"] is not None:
-        lo, hi = c["system_prompt_len_range"]
-        sys_lens = rng_len.integers(lo, hi + 1, size=G)
-    else:
-        sys_lens = compute_random_lens(rng_len, c["system_prompt_len"], rr, G)
-    q_lens = compute_random_lens(rng_len, c["question_len"], rr, G * P).reshape(G, P)
-    out_lens = compute_random_lens(rng_len, c["output_len"], rr, G * P).reshape(G, P)
-    r = c["shared_prefix_ratio"]
-    if r is not None:
-        totals = sys_lens + c["question_len"]
-        sys_lens = np.clip(np.rint(r * totals), 1, totals - 1).astype(np.int64)
-        q_lens = np.repeat((totals - sys_lens)[:, None], P, axis=1)
+    G, P = c["num_groups"], spec.prompts_per_group()
+    sys_lens, q_lens, out_lens = spec.draw_lengths(seed)  # the lengths are not what this reference checks
+    rng = component_rng(seed, "gsp.tokens")
     b = PoolBuilder(tok)
     for g in range(G):
         s = b.segment(*words_segment(rng, int(sys_lens[g]) - 1, tok))
