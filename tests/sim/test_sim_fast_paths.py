@@ -151,19 +151,11 @@ def test_simultaneous_events_match_the_reference(cell, grid):
     import dataclasses
     import math
 
-    import numpy as np
-
-    from tests.sim.reference_sim import reference_simulate
-    from tests.sim.sim_fakes import TrieCache, ViewRecorder
+    from tests.sim.test_sim_invariants import assert_matches_reference
 
     reqs, caps, sched, cost, router_cls, seed = cell
     reqs = [dataclasses.replace(r, arrival_s=math.floor(r.arrival_s / grid) * grid) for r in reqs]
-    fast_router, ref_router = ViewRecorder(router_cls()), ViewRecorder(router_cls())
-    rec = SimCluster(reqs, [TrieCache(c) for c in caps], cost, fast_router, sched, "lru", seed).run().records
-    ref = reference_simulate(reqs, [TrieCache(c) for c in caps], cost, ref_router, sched, seed)
-    for column, want in ref.items():
-        assert np.array_equal(rec[column].to_numpy(), np.asarray(want)), column
-    assert fast_router.seen == ref_router.seen
+    assert_matches_reference(reqs, caps, sched, cost, router_cls, seed)
 
 
 def test_arrival_on_a_busy_worker_does_not_delay_an_idle_one():

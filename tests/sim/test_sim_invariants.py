@@ -161,7 +161,12 @@ def test_invariants_on_random_cells(cell):
 @given(cells(exact_ok=False))
 def test_fast_simulator_matches_the_reference_records_and_views(cell):
     """Identical records, and identical router-visible worker state at every decision."""
-    reqs, caps, sched, cost, router_cls, seed = cell
+    assert_matches_reference(*cell)
+
+
+def assert_matches_reference(reqs, caps, sched, cost, router_cls, seed) -> None:
+    """SimCluster and the reference simulator on one cell: the same records, column by column, and
+    the same worker state seen by the router at every decision."""
     fast_router, ref_router = ViewRecorder(router_cls()), ViewRecorder(router_cls())
     rec = SimCluster(reqs, [TrieCache(c) for c in caps], cost, fast_router, sched, "lru", seed).run().records
     ref = reference_simulate(reqs, [TrieCache(c) for c in caps], cost, ref_router, sched, seed)
