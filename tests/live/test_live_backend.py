@@ -130,17 +130,6 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
         backend.run_cell(cfg)
 
 
-def _hit_rates(overrides, tmp_path):
-    import repro.backends.sim as sim_backend
-    from repro.metrics.summary import summarize
-
-    cfg = _compose(overrides + [f"results_dir={tmp_path}"])
-    live = backend.run_cell(cfg)
-    cfg.backend = {"name": "sim"}
-    sim = sim_backend.run_cell(cfg)
-    return summarize(live.records), summarize(sim.records)
-
-
 # The fig2 GSP cell (conf/exp/fig2_main.yaml: 4 workers, 12 req/s, 4 output tokens, random order,
 # Llama-3.1-8B on L40), with fewer queries so that CI stays within a minute; time_scale 5 (the
 # emulated workers run five times faster than real time).
@@ -148,10 +137,37 @@ FIG2_GSP = ["exp=fig2_main", "workload=gsp", "seed=0", "workload.num_queries=512
             "backend.emulate=true", "backend.time_scale=5"]
 
 
+def _assert_live_hit_rate_matches_sim(overrides, tmp_path, live_runs: int = 3, sim_jitter_runs: int = 7):
+    """The mean hit rate of `live_runs` emulated-SGLang runs is within 2 points, plus two standard
+    errors of the difference of means, of the mean of the simulator's exact run and its
+    `sim_jitter_runs` jittered runs.
+
+    One live run against the exact simulator is not a fair test: this cell's hit rate moves with
+    timing alone. Measured on the 512-query CacheAware+LRU cell: simulator 0.660 exact,
+    0.639-0.692 with arrivals jittered by ~20 ms; live 0.646-0.682 over 5 runs (one CI run failed
+    a 2-point single-run bound at 0.680 vs 0.660). A systematic gap still fails."""
+    import statistics
+
+    import repro.backends.sim as sim_backend
+    from repro.metrics.summary import summarize
+
+    lives = []
+    for k in range(live_runs):
+        res = summarize(backend.run_cell(_compose(overrides + [f"results_dir={tmp_path / str(k)}"])).records)
+        assert res["num_failed"] == 0, res
+        lives.append(res)
+    cfg = _compose(overrides)
+    exact = summarize(sim_backend.run_cell(cfg).records)
+    assert {r["num_requests"] for r in lives} == {exact["num_requests"]}, (lives, exact)
+    live_rates = [r["hit_rate"] for r in lives]
+    sims = [exact["hit_rate"]] + _sim_hit_rates_with_jitter(cfg, runs=sim_jitter_runs)
+    se = (statistics.variance(live_rates) / len(live_rates) + statistics.variance(sims) / len(sims)) ** 0.5
+    gap = abs(statistics.fmean(live_rates) - statistics.fmean(sims))
+    assert gap <= 0.02 + 2.0 * se, (live_rates, sims, se)
+
+
 def test_emulated_sglang_hit_rate_matches_the_simulator_on_the_fig2_gsp_cell(tmp_path):
-    live, sim = _hit_rates(FIG2_GSP + ["policy=cache_aware_lru"], tmp_path)
-    assert live["num_failed"] == 0 and live["num_requests"] == sim["num_requests"] == 512
-    assert abs(live["hit_rate"] - sim["hit_rate"]) <= 0.02, (live["hit_rate"], sim["hit_rate"])
+    _assert_live_hit_rate_matches_sim(FIG2_GSP + ["policy=cache_aware_lru"], tmp_path)
 
 
 def _sim_hit_rates_with_jitter(cfg, runs: int = 5, jitter_s: float = 0.02) -> list[float]:
@@ -185,37 +201,12 @@ def _sim_hit_rates_with_jitter(cfg, runs: int = 5, jitter_s: float = 0.02) -> li
 @pytest.mark.parametrize("policy", ["cache_aware_lru", "lbgr_rlt"])
 @pytest.mark.parametrize("kv_cache_tokens", [None, 40000])
 def test_emulated_hit_rate_full_fig2_gsp_cell(policy, kv_cache_tokens, tmp_path):
-    """The whole 1024-query cell, with the fig2 config's capacity and with a tight one.
-
-    CacheAware+LRU: one live run within 2 points of the simulator. LBGR+RLT: its routing reacts
-    to measured latencies, so its hit rate moves with timing — with the tight cache by several
-    points from run to run, in the simulator too when arrivals are jittered by ~20 ms (measured:
-    simulator 0.808 exact, 0.826-0.847 jittered; live 0.813-0.857 over 5 runs). So there the MEAN
-    of 3 live runs must be within 2 points, plus two standard errors of the difference, of the
-    mean of the simulator's jittered runs."""
-    import statistics
-
-    import repro.backends.sim as sim_backend
-    from repro.metrics.summary import summarize
-
+    """The whole 1024-query cell, with the fig2 config's capacity and with a tight one, by the same
+    comparison of means as the default test. LBGR+RLT's routing reacts to measured latencies, so
+    its hit rate moves with timing most: with the tight cache by several points from run to run
+    (measured: simulator 0.808 exact, 0.826-0.847 jittered; live 0.813-0.857 over 5 runs; after
+    the cost-model refit live 0.815, 0.760, 0.847 and one jittered simulator run 0.737)."""
     over = [o for o in FIG2_GSP if not o.startswith("workload.num_queries")] + [f"policy={policy}"]
     if kv_cache_tokens is not None:
         over.append(f"cluster.kv_cache_tokens={kv_cache_tokens}")
-    if policy == "cache_aware_lru":
-        live, sim = _hit_rates(over, tmp_path)
-        assert live["num_failed"] == 0
-        assert abs(live["hit_rate"] - sim["hit_rate"]) <= 0.02, (live["hit_rate"], sim["hit_rate"])
-        return
-    lives = []
-    for k in range(3):
-        res = summarize(backend.run_cell(_compose(over + [f"results_dir={tmp_path / str(k)}"])).records)
-        assert res["num_failed"] == 0
-        lives.append(res["hit_rate"])
-    cfg = _compose(over)
-    sims = [summarize(sim_backend.run_cell(cfg).records)["hit_rate"]] + _sim_hit_rates_with_jitter(cfg, runs=7)
-    # Run-to-run spread is not small here (observed after the cost-model refit: live 0.815, 0.760,
-    # 0.847; one jittered simulator run 0.737), so the bound adds two standard errors of the
-    # difference of means to the 2 points: a systematic gap still fails, timing noise less often.
-    live_mean, sim_mean = statistics.fmean(lives), statistics.fmean(sims)
-    se = (statistics.variance(lives) / len(lives) + statistics.variance(sims) / len(sims)) ** 0.5
-    assert abs(live_mean - sim_mean) <= 0.02 + 2.0 * se, (lives, sims, se)
+    _assert_live_hit_rate_matches_sim(over, tmp_path)
