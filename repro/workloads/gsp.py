@@ -39,7 +39,7 @@ import numpy as np
 
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadSpec, _Problems
-from repro.workloads.pool import Pool, PoolBuilder
+from repro.workloads.pool import PieceTexts, Pool, PoolBuilder
 from repro.workloads.synthetic import WORD_POOL_SIZE, pool_word_ids, word_pool
 from repro.workloads.tokenizer import BuiltinTokenizer
 
@@ -160,22 +160,30 @@ def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Poo
     question of n tokens is n - 1 words + "\n"; an output of n tokens is n words.
     """
     G, P = q_lens.shape
-    words = word_pool()
     word_ids = pool_word_ids(tokenizer.vocab_size)
-    word_len = np.array([len(w) for w in words], dtype=np.int64)
     nl_id = np.int32(tokenizer.piece_id("\n"))
-    seg_index: dict[str, int] = {}  # built-in tokens are a function of the text: dedupe on text
+    nl_piece = WORD_POOL_SIZE  # pieces: the pool's words, then "\n"
+    # every group's pieces in one buffer, laid out as its token buffer: words, "\n" after each text segment
+    pieces = np.empty(int(sys_lens.sum() + q_lens.sum() + out_lens.sum()), dtype=np.uint16)
+    base = 0
+    # text and built-in tokens are functions of the piece sequence (distinct " word"s, no "\n"
+    # in a word: the join splits back uniquely), so deduplicating on pieces is on text
+    seg_index: dict[bytes, int] = {}
     seg_tokens: list[np.ndarray] = []
-    seg_texts: list[str] = []
+    seg_start: list[int] = []
+    seg_end: list[int] = []
     q_segments: list[tuple[int, int]] = []
     q_generated: list[np.ndarray] = []
 
-    def segment(text: str, toks: np.ndarray) -> int:
-        sid = seg_index.get(text)
+    def segment(buf: np.ndarray, a: int, b: int) -> int:
+        """Segment of the group buffer's positions [a, b)."""
+        k = pieces[base + a:base + b].tobytes()
+        sid = seg_index.get(k)
         if sid is None:
-            sid = seg_index[text] = len(seg_tokens)
-            seg_tokens.append(toks)
-            seg_texts.append(text)
+            sid = seg_index[k] = len(seg_tokens)
+            seg_tokens.append(buf[a:b])
+            seg_start.append(base + a)
+            seg_end.append(base + b)
         return sid
 
     for g in range(G):
@@ -199,25 +207,19 @@ def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Poo
         buf[keep] = word_ids[idx]
         buf[~keep] = nl_id
         buf.flags.writeable = False
-        # the text segments' strings: one join over the group, sliced at word boundaries
-        text_word = np.repeat(is_text, sizes)
-        chars = word_len[idx[text_word]]
-        c_end = np.cumsum(chars)
-        joined = "".join(words[idx[text_word]].tolist())
-        n_txt = sizes[is_text]
-        seg_c_end = c_end[np.cumsum(n_txt) - 1] if len(c_end) else np.zeros(len(n_txt), dtype=np.int64)
-        seg_c_end = np.where(n_txt > 0, seg_c_end, 0)
-        # a segment with no words starts and ends where the previous one ended
-        seg_c_end = np.maximum.accumulate(seg_c_end)
-        seg_c_start = np.concatenate([[0], seg_c_end[:-1]])
-        cs, ce = seg_c_start.tolist(), seg_c_end.tolist()
+        group_pieces = pieces[base:base + len(buf)]
+        group_pieces[keep] = idx
+        group_pieces[~keep] = nl_piece
         ts, te = t_start.tolist(), t_end.tolist()
-        sys_seg = segment(joined[cs[0]:ce[0]] + "\n", buf[ts[0]:te[0] + 1])
+        sys_seg = segment(buf, ts[0], te[0] + 1)
         for j in range(P):
             k = 1 + 2 * j
-            q_seg = segment(joined[cs[j + 1]:ce[j + 1]] + "\n", buf[ts[k]:te[k] + 1])
-            q_segments.append((sys_seg, q_seg))
+            q_segments.append((sys_seg, segment(buf, ts[k], te[k] + 1)))
             q_generated.append(buf[ts[k + 1]:te[k + 1]])
+        base += len(buf)
+    pieces.flags.writeable = False
+    seg_texts = PieceTexts(word_pool().tolist() + ["\n"], pieces, np.array(seg_start, dtype=np.int64),
+                           np.array(seg_end, dtype=np.int64))
     prov["system_prompt_tokens_mean"] = float(np.mean([len(seg_tokens[q_segments[g * P][0]]) for g in range(G)]))
     pool = Pool(
         seg_tokens=seg_tokens,

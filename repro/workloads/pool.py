@@ -15,15 +15,52 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterator, Sequence
 
 import numpy as np
+
+
+class PieceTexts:
+    """Segment texts kept as indices into a list of distinct pieces: segment i's text is the
+    join of pieces[idx[start[i]:end[i]]], built on access. GSP's built-in-tokenizer text is
+    made of one fixed word pool, so 2 bytes per word stand in for the word's ~6 characters
+    (issue 20: a request's text is built when the router asks for it, not stored)."""
+
+    __slots__ = ("pieces", "idx", "start", "end", "_lookup")
+
+    def __init__(self, pieces: Sequence[str], idx: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        if len(pieces) > np.iinfo(idx.dtype).max + 1 or idx.dtype.kind != "u":
+            raise ValueError(f"pool: {len(pieces)} pieces do not fit piece indices of type {idx.dtype}")
+        if len(start) != len(end):
+            raise ValueError("pool: piece texts have unequal start and end columns")
+        self.pieces = list(pieces)
+        self.idx, self.start, self.end = idx, start, end
+        self._lookup = np.array(self.pieces, dtype=object)  # one fancy index + join per text: ~2 us for 128 pieces
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, i: int) -> str:
+        return "".join(self._lookup[self.idx[self.start[i]:self.end[i]]].tolist())
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (PieceTexts, list)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def segment_pieces(self, i: int) -> np.ndarray:
+        return self.idx[self.start[i]:self.end[i]]
 
 
 @dataclass
 class Pool:
     seg_tokens: list[np.ndarray]  # int32 ids of each unique segment
-    seg_texts: list[str] | None  # its text (None: the workload has no text)
+    seg_texts: list[str] | PieceTexts | None  # its text (None: the workload has no text)
     q_segments: list[tuple[int, ...]]  # prompt = concatenation of these segments
     q_generated: list[np.ndarray]  # int32, exactly the query's output length
     q_group: list[int]
@@ -44,9 +81,26 @@ class Pool:
         return np.frombuffer(self.prompt_key(i), dtype=np.int32)
 
     def prompt_text(self, i: int) -> str | None:
-        if self.seg_texts is None:
+        texts = self.seg_texts
+        if texts is None:
             return None
-        return "".join([self.seg_texts[s] for s in self.q_segments[i]])
+        if isinstance(texts, PieceTexts):
+            return "".join([self._shared_text(s) for s in self.q_segments[i]])
+        return "".join([texts[s] for s in self.q_segments[i]])
+
+    def _shared_text(self, s: int) -> str:
+        """Segment s's text; kept once built if more than one query uses it (a system prompt,
+        shared data), built afresh each time otherwise (a request's own question)."""
+        memo = self.__dict__.get("_text_memo")
+        if memo is None:
+            uses = Counter(s for segs in self.q_segments for s in segs)
+            memo = self.__dict__["_text_memo"] = {s: None for s, n in uses.items() if n > 1}
+        text = memo.get(s)
+        if text is None:
+            text = self.seg_texts[s]
+            if s in memo:
+                memo[s] = text
+        return text
 
     def prompt_len(self, i: int) -> int:
         lens = self.__dict__.get("_q_len")
@@ -80,7 +134,9 @@ class Pool:
             for name, make in arrays.items():
                 with zf.open(_member(name), "w", force_zip64=True) as out:
                     np.lib.format.write_array(out, make(), allow_pickle=False)
-            if self.seg_texts is not None:
+            if isinstance(self.seg_texts, PieceTexts):
+                self._write_piece_texts(zf)
+            elif self.seg_texts is not None:
                 text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in self.seg_texts], dtype=np.int64)
                 with zf.open(_member("seg_text_off"), "w", force_zip64=True) as out:
                     np.lib.format.write_array(out, _offsets(text_len), allow_pickle=False)
@@ -89,6 +145,25 @@ class Pool:
                     np.lib.format.write_array_header_1_0(out, header)
                     for i in range(0, len(self.seg_texts), 4096):  # the text blob, a chunk at a time
                         out.write(_utf8("".join(self.seg_texts[i : i + 4096])))
+
+    def _write_piece_texts(self, zf: zipfile.ZipFile) -> None:
+        """The pieces (as a text blob) and each segment's piece indices, in segment order."""
+        t = self.seg_texts
+        piece_len = np.array([len(_utf8(p)) for p in t.pieces], dtype=np.int64)
+        seg_n = (t.end - t.start).astype(np.int64)
+        arrays = {
+            "piece_text_off": lambda: _offsets(piece_len),
+            "piece_text": lambda: np.frombuffer(_utf8("".join(t.pieces)), dtype=np.uint8),
+            "seg_piece_off": lambda: _offsets(seg_n),
+        }
+        for name, make in arrays.items():
+            with zf.open(_member(name), "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, make(), allow_pickle=False)
+        with zf.open(_member("seg_piece"), "w", force_zip64=True) as out:  # a chunk of segments at a time
+            header = {"descr": t.idx.dtype.str, "fortran_order": False, "shape": (int(seg_n.sum()),)}
+            np.lib.format.write_array_header_1_0(out, header)
+            for i in range(0, len(t), 4096):
+                out.write(b"".join([t.segment_pieces(j).tobytes() for j in range(i, min(i + 4096, len(t)))]))
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -113,6 +188,13 @@ class Pool:
                 blob = memoryview(get("seg_text"))
                 seg_texts = [str(blob[off[i] : off[i + 1]], "utf-8", "surrogatepass") for i in range(len(off) - 1)]
                 del blob
+            elif "seg_piece" in names:
+                off = get("piece_text_off").tolist()
+                blob = memoryview(get("piece_text"))
+                pieces = [str(blob[off[i] : off[i + 1]], "utf-8", "surrogatepass") for i in range(len(off) - 1)]
+                del blob
+                seg_off = get("seg_piece_off")
+                seg_texts = PieceTexts(pieces, get("seg_piece"), seg_off[:-1], seg_off[1:])
             q_seg, q_off = get("q_seg").tolist(), get("q_seg_off").tolist()
             q_segments = [tuple(q_seg[q_off[i] : q_off[i + 1]]) for i in range(len(q_off) - 1)]
             gen, goff = get("q_gen"), get("q_gen_off").tolist()
@@ -141,6 +223,12 @@ class Pool:
             raise ValueError("pool: per-query columns differ in length")
         if self.seg_texts is not None and len(self.seg_texts) != len(self.seg_tokens):
             raise ValueError("pool: segment texts and tokens differ in count")
+        if isinstance(self.seg_texts, PieceTexts):
+            t = self.seg_texts
+            if len(t.idx) and int(t.idx.max()) >= len(t.pieces):
+                raise ValueError("pool: a segment text refers to a missing piece")
+            if len(t) and (int(t.start.min()) < 0 or bool((t.end < t.start).any()) or int(t.end.max()) > len(t.idx)):
+                raise ValueError("pool: a segment text's piece range is out of bounds")
         nseg = len(self.seg_tokens)
         if any(t.dtype != np.int32 for t in self.seg_tokens) or any(g.dtype != np.int32 for g in self.q_generated):
             raise ValueError("pool: token ids must be int32 arrays")

@@ -18,7 +18,7 @@ from wl_helpers import wl_cfg
 from repro.kvcache import as_key
 from repro.workloads import Request, build_workload, resolve_spec
 from repro.workloads.arrivals import component_rng
-from repro.workloads.pool import Pool, PoolBuilder
+from repro.workloads.pool import PieceTexts, Pool, PoolBuilder
 from repro.workloads.synthetic import words_segment
 from repro.workloads.tokenizer import make_tokenizer
 
@@ -101,13 +101,17 @@ def test_gsp_numpy_pool_equals_the_segment_loop(G, P, sys_len, q_len, out_len, r
                                range_ratio=rr, system_prompt_len_range=sys_range, shared_prefix_ratio=ratio))
     got = spec.make_pool(seed, make_tokenizer(spec.cfg["tokenizer"]), None)
     want = _loop_pool(spec, seed)
-    assert got.to_bytes() == want.to_bytes()
+    assert isinstance(got.seg_texts, PieceTexts) and isinstance(want.seg_texts, list)
+    assert _pools_equal(got, want) and list(got.seg_texts) == want.seg_texts
     assert list(got.provenance) == list(want.provenance)
+    assert all(got.prompt_text(q) == want.prompt_text(q) for q in range(len(got)))
 
 
 def test_gsp_numpy_pool_equals_the_segment_loop_at_default_lengths():
     spec = resolve_spec(wl_cfg("gsp", num_queries=256, num_groups=16, prompts_per_group=16))
-    assert spec.make_pool(0, make_tokenizer(spec.cfg["tokenizer"]), None).to_bytes() == _loop_pool(spec, 0).to_bytes()
+    got = spec.make_pool(0, make_tokenizer(spec.cfg["tokenizer"]), None)
+    want = _loop_pool(spec, 0)
+    assert _pools_equal(got, want) and all(got.prompt_text(q) == want.prompt_text(q) for q in range(len(got)))
 
 
 def _pools_equal(a: Pool, b: Pool) -> bool:
@@ -125,6 +129,63 @@ def texted_pools(draw):
     pool.seg_texts = [draw(st.text(alphabet, max_size=6)) for _ in pool.seg_tokens]
     pool.provenance = {"k": draw(st.integers())}
     return pool
+
+
+@st.composite
+def piece_pools(draw):
+    """Pools whose texts are PieceTexts: pieces (distinct or not, empty, non-ASCII) and each
+    segment's piece run, laid out with gaps and in any order in the index buffer."""
+    pool = draw(pools())
+    alphabet = st.sampled_from(["a", " ", "\n", "é", "日", "\ud800", "🙂"])
+    pieces = draw(st.lists(st.text(alphabet, max_size=3), min_size=1, max_size=8))
+    runs = [draw(st.lists(st.integers(0, len(pieces) - 1), max_size=5)) for _ in pool.seg_tokens]
+    order = draw(st.permutations(range(len(runs))))
+    idx, start, end = [], [0] * len(runs), [0] * len(runs)
+    for i in order:
+        idx += draw(st.lists(st.integers(0, len(pieces) - 1), max_size=2))  # a gap nobody refers to
+        start[i] = len(idx)
+        idx += runs[i]
+        end[i] = len(idx)
+    pool.seg_texts = PieceTexts(pieces, np.array(idx, dtype=np.uint16), np.array(start, dtype=np.int64),
+                                np.array(end, dtype=np.int64))
+    pool.plain_texts = ["".join(pieces[j] for j in run) for run in runs]  # the reference
+    return pool
+
+
+@settings(max_examples=100, deadline=None)
+@given(piece_pools())
+def test_piece_texts_are_the_joined_pieces_and_round_trip(pool):
+    assert list(pool.seg_texts) == pool.plain_texts and pool.seg_texts == pool.plain_texts
+    for q in range(len(pool)):
+        want = "".join(pool.plain_texts[s] for s in pool.q_segments[q])
+        assert pool.prompt_text(q) == want and pool.prompt_text(q) == want  # memoised or not, the same
+    data = pool.to_bytes()
+    back = Pool.from_bytes(data)
+    assert isinstance(back.seg_texts, PieceTexts) and _pools_equal(back, pool)
+    assert back.to_bytes() == data  # the archive does not depend on the buffer's layout
+
+
+def test_piece_texts_keep_only_the_texts_several_queries_share():
+    wl = build_workload(wl_cfg("gsp", num_queries=32, num_groups=2, prompts_per_group=16), seed=0, use_cache=False)
+    pool = wl.requests[0]._pool
+    texts = [r.text for r in wl.requests]
+    memo = pool._text_memo
+    system = {segs[0] for segs in pool.q_segments}
+    assert set(memo) == system and all(memo[s] == pool.seg_texts[s] for s in system)  # 2 system prompts kept
+    assert texts == [r.text for r in wl.requests]
+
+
+def test_a_piece_text_out_of_range_is_rejected():
+    seg = [np.zeros(1, dtype=np.int32)]
+    gen = [np.zeros(1, dtype=np.int32)]
+    bad_piece = PieceTexts(["a"], np.array([1], dtype=np.uint16), np.array([0]), np.array([1]))
+    with pytest.raises(ValueError, match="missing piece"):
+        Pool(seg, bad_piece, [(0,)], gen, [0], [0], [0]).check()
+    bad_range = PieceTexts(["a"], np.array([0], dtype=np.uint16), np.array([0]), np.array([2]))
+    with pytest.raises(ValueError, match="out of bounds"):
+        Pool(seg, bad_range, [(0,)], gen, [0], [0], [0]).check()
+    with pytest.raises(ValueError, match="do not fit"):
+        PieceTexts(["a"] * 257, np.zeros(1, dtype=np.uint8), np.array([0]), np.array([1]))
 
 
 @settings(max_examples=100, deadline=None)
