@@ -37,13 +37,13 @@ class PieceTexts:
             raise ValueError("pool: piece texts have unequal start and end columns")
         self.pieces = list(pieces)
         self.idx, self.start, self.end = idx, start, end
-        self._lookup = np.array(self.pieces, dtype=object)  # one fancy index + join per text: ~2 us for 128 pieces
+        self._lookup = np.array(self.pieces, dtype=object)  # one take + join per text: ~1.8 us for 128 pieces
 
     def __len__(self) -> int:
         return len(self.start)
 
     def __getitem__(self, i: int) -> str:
-        return "".join(self._lookup[self.idx[self.start[i]:self.end[i]]].tolist())
+        return "".join(self._lookup.take(self.idx[self.start[i]:self.end[i]]).tolist())
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
@@ -84,23 +84,23 @@ class Pool:
         texts = self.seg_texts
         if texts is None:
             return None
-        if isinstance(texts, PieceTexts):
-            return "".join([self._shared_text(s) for s in self.q_segments[i]])
-        return "".join([texts[s] for s in self.q_segments[i]])
-
-    def _shared_text(self, s: int) -> str:
-        """Segment s's text; kept once built if more than one query uses it (a system prompt,
-        shared data), built afresh each time otherwise (a request's own question)."""
+        if texts.__class__ is not PieceTexts:
+            return "".join([texts[s] for s in self.q_segments[i]])
+        # a segment's text is kept once built if more than one query uses it (a system prompt,
+        # shared data), built afresh each time otherwise (a request's own question)
         memo = self.__dict__.get("_text_memo")
         if memo is None:
             uses = Counter(s for segs in self.q_segments for s in segs)
             memo = self.__dict__["_text_memo"] = {s: None for s, n in uses.items() if n > 1}
-        text = memo.get(s)
-        if text is None:
-            text = self.seg_texts[s]
-            if s in memo:
-                memo[s] = text
-        return text
+        parts = []
+        for s in self.q_segments[i]:
+            text = memo.get(s)
+            if text is None:
+                text = texts[s]
+                if s in memo:
+                    memo[s] = text
+            parts.append(text)
+        return "".join(parts)
 
     def prompt_len(self, i: int) -> int:
         lens = self.__dict__.get("_q_len")
