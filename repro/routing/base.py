@@ -64,6 +64,9 @@ class Router:
     """
 
     name: str = "base"
+    # True if select_worker reads the prompt's text (`request_text`): the simulator then builds
+    # it before the timed call, so that routing time does not include making the workload's text
+    uses_text: bool = False
 
     def reset(self, workers: Sequence[WorkerView], seed: int) -> None:
         """Prepare for a run over `workers` (their ids are 0..M-1 in order).
@@ -132,3 +135,22 @@ def offer_request_key(request: "Request", key: bytes) -> None:
     """`request_key(request)` returns `key` until the next offer (the driver's promise: it is that key)."""
     global _key_slot
     _key_slot = (request, key)
+
+
+# --- the prompt text, offered the same way to a router that `uses_text`
+_text_slot: tuple = (None, None)
+
+
+def request_text(request: "Request") -> str | None:
+    """The prompt's text, `request.text`: the one the driver offered (`offer_request_text`) for
+    this request, else built here (a pool-backed request builds its text on each access)."""
+    slot = _text_slot
+    if slot[0] is request:
+        return slot[1]
+    return request.text
+
+
+def offer_request_text(request: "Request", text: str | None) -> None:
+    """`request_text(request)` returns `text` until the next offer (the driver's promise: it is `request.text`)."""
+    global _text_slot
+    _text_slot = (request, text)

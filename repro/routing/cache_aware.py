@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from repro.routing.approx_tree import ApproximateTree
-from repro.routing.base import Router, WorkerView, check_choice
+from repro.routing.base import Router, WorkerView, check_choice, request_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -114,6 +114,7 @@ class CacheAwareRouter(Router):
         self.eviction_interval_secs = float(eviction_interval_secs)
         self.max_tree_size = int(max_tree_size)
         self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens"))
+        self.uses_text = match_on != "tokens"
         self.low_match = check_choice("low_match", low_match, ("least_loaded", "smallest_tree"))
         self.worker_order = check_worker_order(worker_order)
         self._threshold32 = _f32(self.cache_threshold)
@@ -145,7 +146,7 @@ class CacheAwareRouter(Router):
     def _key(self, request: "Request") -> str:
         mode = self.mode
         if mode != "tokens":
-            text = request.text  # read once: a pool-backed request builds its text on each access
+            text = request_text(request)  # read once: a pool-backed request builds its text on each access
             if mode is None:  # auto: decided by the first request of the run
                 mode = self.mode = "text" if text is not None else "tokens"
             if mode == "text":

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from repro.metrics import RECORD_COLUMNS
-from repro.routing.base import offer_request_key
+from repro.routing.base import offer_request_key, offer_request_text
 from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
 
 GC_YOUNG_THRESHOLD = 50_000  # allocations between young-generation collections during run()
@@ -101,6 +101,7 @@ class SimCluster:
         table, workers, views, router, tm = self.table, self.workers, self.views, self.router, self.timings
         router.reset(views, self.router_seed)
         select, complete = router.select_worker, router.on_request_complete
+        uses_text = getattr(router, "uses_text", False)  # test doubles need not subclass Router
         reqs = table.requests
         keys = table.prompt_key
         n = table.n
@@ -146,6 +147,8 @@ class SimCluster:
                 ai += 1
                 req = reqs[i]
                 offer_request_key(req, table.key(i))  # built once, here: routers and workers share it
+                if uses_text:  # the workload's text, made outside the routing time
+                    offer_request_text(req, req.text)
                 t0 = perf_counter_ns()
                 w = select(req, views, now)
                 tm.route_ns += perf_counter_ns() - t0

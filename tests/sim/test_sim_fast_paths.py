@@ -118,6 +118,42 @@ def test_routers_get_the_prompt_key_the_cluster_built():
     assert request_key(reqs[1]) == as_key(reqs[1].prompt_tokens)  # another request: computed
 
 
+def test_a_router_that_uses_text_gets_it_built_outside_its_timed_call():
+    # the cluster offers request.text before select_worker when the router says it reads text;
+    # the text it offers is the request's, and its building is not counted as routing time
+    from repro.routing.base import Router, offer_request_text, request_text
+    from repro.workloads.request import Request
+    from tests.sim.sim_fakes import gsp_requests
+
+    base = gsp_requests(2, num_groups=2, per_group=3)
+    built = []
+
+    class CountedText(Request):
+        @property
+        def text(self):
+            built.append(self.id)
+            return f"text of {self.id}"
+
+    reqs = [CountedText(r.id, r.arrival_s, r.prompt_tokens, r.output_len, r.generated_tokens, r.group_id,
+                     r.conversation_id, r.turn) for r in base]
+    seen = []
+
+    class TextRouter(Router):
+        uses_text = True
+
+        def select_worker(self, request, workers, now_s):
+            n = len(built)
+            seen.append((request.id, request_text(request), len(built) == n))  # no build in here
+            return request.id % len(workers)
+
+    caches = [make_cache(10_000, {"name": "lru", "granularity": "node"}, w) for w in range(2)]
+    sim = SimCluster(reqs, caches, COST, TextRouter(), SchedulerConfig(), "lru", 0)
+    sim.run()
+    assert seen == [(r.id, f"text of {r.id}", True) for r in reqs] and built == [r.id for r in reqs]
+    offer_request_text(reqs[0], "offered")
+    assert request_text(reqs[0]) == "offered" and request_text(reqs[1]) == "text of 1" and built[-1] == 1
+
+
 @settings(max_examples=300, deadline=None)
 @given(a=st.lists(st.integers(-3, 3), min_size=1, max_size=12), b=st.lists(st.integers(-3, 3), min_size=1, max_size=12),
        start=st.integers(0, 11), p=st.integers(0, 12))
