@@ -208,6 +208,7 @@ class RequestTable:
         "est_hit",
         "peek_len",
         "peek_version",
+        "_largest",
     )
 
     def __init__(self, requests: Sequence["Request"]):
@@ -230,6 +231,13 @@ class RequestTable:
         self.est_hit = [0] * n  # hit estimate while waiting (for waiting_prefill_tokens)
         self.peek_len = [0] * n  # last peek_prefix of its prompt on its worker ...
         self.peek_version = [-1] * n  # ... valid while the worker's tree_version is this
+        self._largest = -1
+
+    def largest(self) -> int:
+        """Index of the first request with the most prompt + output tokens (found once: every worker asks)."""
+        if self._largest < 0:
+            self._largest = int(np.argmax(np.add(self.prompt_len, self.output_len, dtype=np.int64)))
+        return self._largest
 
     def key(self, i: int) -> bytes:
         """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
@@ -344,7 +352,7 @@ class SimWorker:
         # SGLang admits only when prompt + output + 1 page < free KV: a longer request waits forever
         self.max_request_kv_tokens = self.capacity - 2 if self.exact else self.capacity
         if self.exact and table.n:
-            worst = max(range(table.n), key=lambda i: table.prompt_len[i] + table.output_len[i])
+            worst = table.largest()
             if table.prompt_len[worst] + table.output_len[worst] > self.max_request_kv_tokens:
                 raise ValueError(
                     f"request {table.requests[worst].id} needs {table.prompt_len[worst]} prompt + "

@@ -209,3 +209,28 @@ def test_arrival_on_a_busy_worker_does_not_delay_an_idle_one():
     ref = reference_simulate(reqs, [TrieCache(5000), TrieCache(5000)], FixedCostModel(), FixedRouter(route),
                              SchedulerConfig(**SIMPLE), 0)
     assert rec["first_token_s"].tolist() == list(ref["first_token_s"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 9)), min_size=1, max_size=30))
+def test_the_largest_request_is_the_first_with_the_most_tokens(lengths):
+    # RequestTable.largest (found once for all workers) against the per-worker scan it replaced
+    from types import SimpleNamespace
+
+    from repro.sim.worker import RequestTable
+
+    reqs = [SimpleNamespace(arrival_s=0.0, prompt_len=p, output_len=o) for p, o in lengths]
+    table = RequestTable(reqs)
+    assert table.largest() == max(range(len(lengths)), key=lambda i: lengths[i][0] + lengths[i][1])
+    assert table.largest() == table.largest()
+
+
+def test_a_request_larger_than_every_worker_admits_is_named_before_the_run():
+    from tests.sim.sim_fakes import gsp_requests
+
+    reqs = gsp_requests(1, num_groups=2, per_group=3)
+    longest = max(reqs, key=lambda r: r.prompt_len + r.output_len)
+    cap = longest.prompt_len + longest.output_len + 1  # fits the cache, not SGLang's admission rule
+    caches = [make_cache(cap, {"name": "lru", "granularity": "node"}, w) for w in range(2)]
+    with pytest.raises(ValueError, match=f"request {longest.id} needs {longest.prompt_len} prompt"):
+        SimCluster(reqs, caches, COST, RoundRobinRouter(), SchedulerConfig(exact_budgets=True), "lru", 0)
