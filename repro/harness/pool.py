@@ -8,8 +8,9 @@ parent, and one dead worker breaks the whole pool. Here
   compares getppid() (elsewhere) both raise Stopped in it, which removes its cell's partial
   files and releases the cell's lock;
 - Ctrl-C / SIGTERM of the parent: nothing more is handed out, the workers get SIGTERM (they
-  ignore SIGINT, which the terminal sends to the whole group), are joined for up to
-  STOP_GRACE_S, then killed; the parent re-raises, so the sweep ends within seconds;
+  ignore SIGINT, which the terminal sends to the whole group, from birth: they start with
+  it blocked), are joined for up to STOP_GRACE_S, then killed; the parent re-raises, so the
+  sweep ends within seconds;
 - a worker that dies (kill -9, OOM) fails only the cell it was running and is replaced;
 - a cell whose lock another live process holds ("busy") is retried after the others, every
   POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here);
@@ -88,7 +89,8 @@ def _die_with_parent(ppid: int) -> None:
 
 
 def _worker_main(conn, ppid: int, tracking_event) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C that came during start-up is dropped here
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGTERM, _raise_stopped)
     _die_with_parent(ppid)
     begin_sweep(tracking_event)
@@ -109,7 +111,14 @@ class _Worker:
     def __init__(self, ctx, tracking_event):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), tracking_event), daemon=True)
-        self.proc.start()
+        # born with SIGINT blocked (the mask survives fork and exec): a Ctrl-C to the group while
+        # the worker still imports must not kill it half-started; the parent gets its own
+        # Ctrl-C as soon as the mask is restored
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child.close()
         self.spec: CellSpec | None = None
 

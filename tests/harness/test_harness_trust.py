@@ -209,3 +209,41 @@ def test_stopping_the_sweep_stops_its_workers(tmp_path, how):
     assert p.returncode == {"SIGTERM": 143, "SIGINT": 130, "SIGKILL": -9}[how], (p.returncode, err[-3000:])
     no_half_written_cells(tmp_path)  # SIGKILL too: the workers clean up as they exit
     assert len(list(tmp_path.glob("tiny_fake/*/summary.json"))) < 8, err[-3000:]
+
+
+def test_a_worker_never_has_ctrl_c_live_even_while_it_starts():
+    # The terminal sends Ctrl-C to the whole group: a spawned worker still importing (SIGINT
+    # not yet ignored) would die half-started. It is born with SIGINT blocked and ignores it
+    # before unblocking, so at every moment SIGINT is in its SigBlk or its SigIgn.
+    import multiprocessing
+
+    from repro.harness.pool import _Worker
+
+    bit = 1 << (signal.SIGINT - 1)
+
+    def masks(pid: int) -> tuple[int, int] | None:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            return None
+        f = dict(ln.split(":\t", 1) for ln in lines if ln.startswith(("SigBlk", "SigIgn")))
+        return int(f["SigBlk"], 16), int(f["SigIgn"], 16)
+
+    ctx = multiprocessing.get_context("spawn")
+    tracking_event = ctx.Event()  # held here: the child unpickles it after start()
+    w = _Worker(ctx, tracking_event)
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGINT}  # the parent's mask is back
+    try:
+        samples = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10.0:
+            m = masks(w.proc.pid)
+            if m is not None:
+                samples.append(m)
+                if m[1] & bit and not m[0] & bit:  # in _worker_main: ignored, unblocked
+                    break
+        assert samples and all((blk | ign) & bit for blk, ign in samples), [f"{b:x}/{i:x}" for b, i in samples[:10]]
+        assert samples[-1][1] & bit and not samples[-1][0] & bit, "the worker never got to ignore SIGINT"
+    finally:
+        w.conn.send(None)
+        w.proc.join(10)
