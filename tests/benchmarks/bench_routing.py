@@ -6,7 +6,8 @@
 Realistic trees: a GSP stream (repro.workloads, built-in tokenizer, so requests carry text)
 with 32 groups is routed for `--warm` requests first (completions 1 s of stream time after
 dispatch, worker caches filled on dispatch), then `--measure` more decisions are timed one
-by one with time.perf_counter_ns (GC paused while timing). Views are frozen-field stand-ins
+by one with time.perf_counter_ns (GC paused while timing; each prompt's key and, for a
+router that reads text, its text made before the timed call, as the simulator does). Views are frozen-field stand-ins
 whose peek_prefix walks a per-worker radix tree (the simulator's cost, paid inside the
 exact-tracker / Dynamo / llm-d decision). The cost model is the real StepCostModel
 (Llama-3.1-8B on L40). LBGR's approximate trackers are repro.kvcache caches when that
@@ -48,6 +49,7 @@ from repro.routing import (  # noqa: E402
     RoundRobinRouter,
 )
 from repro.routing.approx_tree import ApproximateTree  # noqa: E402
+from repro.routing.base import offer_request_key, offer_request_text  # noqa: E402
 from repro.kvcache import as_key  # noqa: E402
 from repro.workloads import build_workload  # noqa: E402
 
@@ -145,6 +147,7 @@ def measure(make_router, requests, m, cost_model, capacity, warm) -> np.ndarray:
     views = [BenchView(i, cost_model, capacity) for i in range(m)]
     router = make_router()
     router.reset(views, seed=0)
+    uses_text = getattr(router, "uses_text", False)
     done: list[tuple[float, int, int]] = []
     times = []
     gc.collect()
@@ -156,13 +159,19 @@ def measure(make_router, requests, m, cost_model, capacity, warm) -> np.ndarray:
             views[w].in_flight -= 1
         if i == warm:
             gc.disable()
+        # the prompt's key and (for a router that reads it) its text are made before the timed
+        # call, as the simulator does (repro.sim.cluster): the decision alone is timed
+        key = q.prompt_key
+        offer_request_key(q, key)
+        if uses_text:
+            offer_request_text(q, q.text)
         t0 = time.perf_counter_ns()
         w = router.select_worker(q, views, now)
         t1 = time.perf_counter_ns()
         if i >= warm:
             times.append(t1 - t0)
         views[w].in_flight += 1
-        views[w].tree.insert(as_key(q.prompt_tokens), 0)
+        views[w].tree.insert(key, 0)
         heapq.heappush(done, (now + 1.0, i, w))
     gc.enable()
     return np.array(times) / 1e3
