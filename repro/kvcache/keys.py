@@ -18,32 +18,6 @@ _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
 
-class PromptKey(bytes):
-    """A key (the same bytes) whose slices are made once: `key_slice(key, a, b)` returns one
-    object on every call. The simulator keys an in-flight prompt this way: the worker's cache,
-    LBGR's tracker and its shared index each keep the prompt's uncached suffix (on GSP its
-    question) as a node key, and then hold one object instead of three copies (issue 20:
-    ~1 KB per request). The instance __dict__ (a bytes subclass has no slots) is the memo; it
-    goes with the key when the request finishes. Slicing it returns plain bytes."""
-
-    def __repr__(self) -> str:
-        return f"PromptKey({bytes.__repr__(self)})"
-
-
-KEY_TYPES = (bytes, PromptKey)  # `type(k) in KEY_TYPES`: a key as is, no conversion
-
-
-def key_slice(key: bytes, a: int, b: int) -> bytes:
-    """key[a:b]; for a PromptKey the same object each time it is asked for the same (a, b)."""
-    if key.__class__ is not PromptKey:
-        return key[a:b]
-    memo = key.__dict__
-    cut = memo.get((a, b))
-    if cut is None:
-        cut = memo[(a, b)] = key[a:b]
-    return cut
-
-
 def as_key(tokens) -> bytes:
     """Token ids -> the key: bytes of packed native int32 (converted once).
 
@@ -52,7 +26,7 @@ def as_key(tokens) -> bytes:
     """
     if type(tokens) is _NDARRAY and tokens.dtype is _INT32 and tokens.ndim == 1:  # the common case, first
         return tokens.tobytes()
-    if type(tokens) in KEY_TYPES:
+    if type(tokens) is bytes:
         if len(tokens) & 3:
             raise ValueError(
                 f"a bytes key must hold packed int32 token ids (length a multiple of 4), got {len(tokens)} bytes"
@@ -89,7 +63,7 @@ def common_prefix_len(key, pos: int, other, unit: int = 4) -> int:
     part, then a binary search with `startswith` (cheaper than numpy's call overhead).
     """
     hi = min(len(other), len(key) - pos) // unit  # units; invariant below: lo match, hi do not
-    if hi > 256 and unit == 4 and type(key) in KEY_TYPES:
+    if hi > 256 and unit == 4 and type(key) is bytes:
         ne = np.frombuffer(key, np.int32, hi, pos) != np.frombuffer(other, np.int32, hi)
         i = int(ne.argmax())
         return (i if ne[i] else hi) << 2

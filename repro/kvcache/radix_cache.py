@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from repro.kvcache.keys import KEY_TYPES, as_key, common_prefix_len, key_slice
+from repro.kvcache.keys import as_key, common_prefix_len
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.kvcache.eviction.base import EvictionPolicy
@@ -212,7 +212,7 @@ class RadixCache:
 
     def peek_prefix(self, tokens) -> int:
         """Longest cached prefix, read-only: no split, no stamp, no mark (what routers call)."""
-        key = tokens if type(tokens) in KEY_TYPES and not (len(tokens) & 3) else as_key(tokens)
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         node = self.root
         pos = 0
         end = len(key)
@@ -295,7 +295,7 @@ class RadixCache:
     # ------------------------------------------------------------------ verbs
     def match_prefix(self, tokens) -> MatchResult:
         """Longest cached prefix; an access (stamps and marks the matched tokens); splits at the boundary."""
-        key = tokens if type(tokens) in KEY_TYPES and not (len(tokens) & 3) else as_key(tokens)
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         # _walk and _touch inlined (the hottest verb)
         children = self.root.children
         pos = 0
@@ -338,7 +338,7 @@ class RadixCache:
 
         Raises CapacityError (and changes nothing) if the new tokens exceed `free_tokens()`.
         """
-        key = tokens if type(tokens) in KEY_TYPES and not (len(tokens) & 3) else as_key(tokens)
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         path, pos, child, m = self._walk(key)
         return self._insert_walked(key, 0, path, pos, child, m)
 
@@ -366,7 +366,7 @@ class RadixCache:
         last = path[-1] if path else self.root
         prefix_len = above + (pos >> 2)
         if new_bytes:
-            last = self._append(last, key_slice(key, pos, len(key)), base, True)
+            last = self._append(last, key[pos:], base, True)
         self.clock = base + above + (len(key) >> 2)
         return _tuple_new(InsertResult, (prefix_len, last))
 
@@ -379,7 +379,7 @@ class RadixCache:
         The simulator inserts a prompt's computed chunk and its generated tokens this way,
         below the prompt's locked node (tests/kvcache check it against `insert`).
         """
-        key = tokens if type(tokens) in KEY_TYPES and not (len(tokens) & 3) else as_key(tokens)
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         root = self.root
         if node is not root and node.parent is None:
             raise ValueError("insert_after on an evicted node; use a node returned by a recent match/insert")
@@ -540,7 +540,7 @@ class RadixCache:
         evictable tokens cannot make room (only possible when other paths are locked); the
         path's cached prefix has then been accessed and evictable tokens evicted, nothing added.
         """
-        key = tokens if type(tokens) in KEY_TYPES and not (len(tokens) & 3) else as_key(tokens)
+        key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         n = len(key) >> 2
         if n > self._capacity:
             raise CapacityError(f"a path of {n} tokens cannot fit in a cache of {self._capacity} tokens")

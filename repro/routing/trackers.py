@@ -24,7 +24,6 @@ from typing import Callable
 import numpy as np
 
 from repro.kvcache import RadixCache, common_prefix_len
-from repro.kvcache.keys import key_slice
 
 
 def tracker_access(cache, key: bytes) -> int:
@@ -35,8 +34,7 @@ def tracker_access(cache, key: bytes) -> int:
     capacity): key[:4 * returned] is entirely in the cache afterwards.
     """
     n = min(len(key) // 4, cache.capacity_tokens)
-    if 4 * n < len(key):
-        key = key[: 4 * n]
+    key = key[: 4 * n]
     match = cache.match_prefix(key)
     cache.inc_lock_ref(match.last_node)
     need = (n - match.length) - cache.free_tokens()
@@ -45,7 +43,7 @@ def tracker_access(cache, key: bytes) -> int:
     cache.dec_lock_ref(match.last_node)
     fit = min(n, match.length + cache.free_tokens())
     if isinstance(cache, RadixCache):  # the same access as insert(key[:4 * fit]), without a second walk
-        cache.insert_after(match.last_node, key_slice(key, 4 * match.length, 4 * fit))
+        cache.insert_after(match.last_node, key[4 * match.length : 4 * fit])
     else:
         cache.insert(key[: 4 * fit])
     return fit
@@ -195,7 +193,7 @@ class SharedPrefixIndex:
             if child is None:
                 if not create:
                     raise KeyError("SharedPrefixIndex: path not in the index")
-                child = _Node(key_slice(key, pos, len(key)), node)
+                child = _Node(key[pos:], node)
                 node.children[first] = child
             else:
                 ck = child.key
@@ -239,7 +237,7 @@ class SharedPrefixIndex:
             path.append(node)
             pos += k
         if pos < len(key):
-            child = _Node(key_slice(key, pos, len(key)), node)
+            child = _Node(key[pos:], node)
             node.children[key[pos : pos + 4]] = child
             path.append(child)
         return path

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from repro.kvcache.keys import PromptKey, as_key, key_slice
+from repro.kvcache.keys import as_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
@@ -243,7 +243,7 @@ class RequestTable:
         """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
         k = self.prompt_key[i]
         if k is None:
-            k = self.prompt_key[i] = PromptKey(self.requests[i].prompt_key)  # its cuts made once (keys.py)
+            k = self.prompt_key[i] = self.requests[i].prompt_key
         return k
 
     def gen_key(self, i: int) -> bytes:
@@ -791,7 +791,7 @@ class SimWorker:
                     end = (cstart[i] + pf) << 2
                     lock = locks[i]
                     if insert_after is not None:  # below the locked prefix: only the new chunk's bytes
-                        ins = insert_after(lock, key_slice(key, lock.depth << 2, end))
+                        ins = insert_after(lock, key[lock.depth << 2 : end])
                     else:
                         ins = cache.insert(key if end == len(key) else key[:end])
                     cache.inc_lock_ref(ins.last_node)

@@ -39,20 +39,3 @@ def test_matches_brute_force_for_tokens_and_characters(common, tail_a, tail_b, p
     sb = "".join(chr(97 + t + 3) for t in b)
     assert common_prefix_len(sa, len(pad), sb, 1) == want
     assert common_prefix_len(as_key(np.asarray(a, dtype=np.int64)), 0, as_key(b)) == 4 * want
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=12), st.integers(0, 13), st.integers(0, 13))
-def test_key_slice_is_the_slice_and_a_prompt_key_makes_each_once(tokens, a, b):
-    from repro.kvcache.keys import PromptKey, key_slice
-
-    plain = as_key(tokens)
-    key = PromptKey(plain)
-    assert key == plain and hash(key) == hash(plain) and as_key(key) is key
-    a, b = 4 * a, 4 * b
-    cut = key_slice(key, a, b)
-    assert cut == plain[a:b] and type(cut) is bytes
-    assert key_slice(key, a, b) is cut  # the same object the next time
-    assert key_slice(plain, a, b) == plain[a:b]  # plain bytes: an ordinary slice
-    if len(key) > 4:  # the comparator takes it as a key
-        assert common_prefix_len(key, 0, plain) == len(plain)
