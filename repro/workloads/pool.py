@@ -86,21 +86,27 @@ class Pool:
             return None
         if texts.__class__ is not PieceTexts:
             return "".join([texts[s] for s in self.q_segments[i]])
-        # a segment's text is kept once built if more than one query uses it (a system prompt,
-        # shared data), built afresh each time otherwise (a request's own question)
-        memo = self.__dict__.get("_text_memo")
-        if memo is None:
-            uses = Counter(s for segs in self.q_segments for s in segs)
-            memo = self.__dict__["_text_memo"] = {s: None for s, n in uses.items() if n > 1}
+        shared = self.__dict__.get("_shared_text")
+        if shared is None:
+            shared = self._keep_shared_texts()
         parts = []
         for s in self.q_segments[i]:
-            text = memo.get(s)
-            if text is None:
-                text = texts[s]
-                if s in memo:
-                    memo[s] = text
-            parts.append(text)
+            text = shared.get(s)
+            parts.append(texts[s] if text is None else text)
         return "".join(parts)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seg_texts, PieceTexts):
+            self._keep_shared_texts()
+
+    def _keep_shared_texts(self) -> dict[int, str]:
+        """PieceTexts: the texts of segments more than one query uses (a system prompt: shared
+        data) are built with the pool and kept; a query's own segments (its question) are
+        joined each time its text is asked for and not kept."""
+        uses = Counter(s for segs in self.q_segments for s in segs)
+        texts = self.seg_texts
+        shared = self.__dict__["_shared_text"] = {s: texts[s] for s, n in uses.items() if n > 1}
+        return shared
 
     def prompt_len(self, i: int) -> int:
         lens = self.__dict__.get("_q_len")

@@ -168,11 +168,11 @@ def test_piece_texts_are_the_joined_pieces_and_round_trip(pool):
 def test_piece_texts_keep_only_the_texts_several_queries_share():
     wl = build_workload(wl_cfg("gsp", num_queries=32, num_groups=2, prompts_per_group=16), seed=0, use_cache=False)
     pool = wl.requests[0]._pool
-    texts = [r.text for r in wl.requests]
-    memo = pool._text_memo
     system = {segs[0] for segs in pool.q_segments}
-    assert set(memo) == system and all(memo[s] == pool.seg_texts[s] for s in system)  # 2 system prompts kept
-    assert texts == [r.text for r in wl.requests]
+    kept = pool._shared_text  # built with the pool: the 2 system prompts, not the 32 questions
+    assert set(kept) == system and all(kept[s] == pool.seg_texts[s] for s in system)
+    texts = [r.text for r in wl.requests]
+    assert texts == [r.text for r in wl.requests] and set(pool._shared_text) == system
 
 
 def test_a_piece_text_out_of_range_is_rejected():
