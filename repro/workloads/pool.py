@@ -137,20 +137,15 @@ class Pool:
         # through a non-seekable writer whatever `f` is: zipfile then streams (data descriptors,
         # no seeking back), and the bytes never depend on the kind of file
         with zipfile.ZipFile(_Forward(f), "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, make in arrays.items():
-                with zf.open(_member(name), "w", force_zip64=True) as out:
-                    np.lib.format.write_array(out, make(), allow_pickle=False)
+            _write_members(zf, arrays)
             if isinstance(self.seg_texts, PieceTexts):
                 self._write_piece_texts(zf)
             elif self.seg_texts is not None:
-                text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in self.seg_texts], dtype=np.int64)
-                with zf.open(_member("seg_text_off"), "w", force_zip64=True) as out:
-                    np.lib.format.write_array(out, _offsets(text_len), allow_pickle=False)
-                with zf.open(_member("seg_text"), "w", force_zip64=True) as out:
-                    header = {"descr": "|u1", "fortran_order": False, "shape": (int(text_len.sum()),)}
-                    np.lib.format.write_array_header_1_0(out, header)
-                    for i in range(0, len(self.seg_texts), 4096):  # the text blob, a chunk at a time
-                        out.write(_utf8("".join(self.seg_texts[i : i + 4096])))
+                texts = self.seg_texts
+                text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in texts], dtype=np.int64)
+                _write_members(zf, {"seg_text_off": lambda: _offsets(text_len)})
+                _write_chunked(zf, "seg_text", "|u1", int(text_len.sum()),  # the text blob, a chunk at a time
+                               (_utf8("".join(texts[i : i + 4096])) for i in range(0, len(texts), 4096)))
 
     def _write_piece_texts(self, zf: zipfile.ZipFile) -> None:
         """The pieces (as a text blob) and each segment's piece indices, in segment order."""
@@ -162,14 +157,10 @@ class Pool:
             "piece_text": lambda: np.frombuffer(_utf8("".join(t.pieces)), dtype=np.uint8),
             "seg_piece_off": lambda: _offsets(seg_n),
         }
-        for name, make in arrays.items():
-            with zf.open(_member(name), "w", force_zip64=True) as out:
-                np.lib.format.write_array(out, make(), allow_pickle=False)
-        with zf.open(_member("seg_piece"), "w", force_zip64=True) as out:  # a chunk of segments at a time
-            header = {"descr": t.idx.dtype.str, "fortran_order": False, "shape": (int(seg_n.sum()),)}
-            np.lib.format.write_array_header_1_0(out, header)
-            for i in range(0, len(t), 4096):
-                out.write(b"".join([t.segment_pieces(j).tobytes() for j in range(i, min(i + 4096, len(t)))]))
+        _write_members(zf, arrays)
+        _write_chunked(zf, "seg_piece", t.idx.dtype.str, int(seg_n.sum()),  # a chunk of segments at a time
+                       (b"".join([t.segment_pieces(j).tobytes() for j in range(i, min(i + 4096, len(t)))])
+                        for i in range(0, len(t), 4096)))
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -346,6 +337,21 @@ class _Forward(io.RawIOBase):
 
     def tell(self) -> int:
         return self.pos
+
+
+def _write_members(zf: zipfile.ZipFile, arrays: dict) -> None:
+    """Each array, made only when its turn comes, as one .npy member."""
+    for name, make in arrays.items():
+        with zf.open(_member(name), "w", force_zip64=True) as out:
+            np.lib.format.write_array(out, make(), allow_pickle=False)
+
+
+def _write_chunked(zf: zipfile.ZipFile, name: str, descr: str, length: int, chunks) -> None:
+    """A 1-d .npy member of `length` items of dtype `descr`, written from an iterable of byte chunks."""
+    with zf.open(_member(name), "w", force_zip64=True) as out:
+        np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": (length,)})
+        for chunk in chunks:
+            out.write(chunk)
 
 
 def _member(name: str) -> zipfile.ZipInfo:
