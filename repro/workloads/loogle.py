@@ -32,17 +32,34 @@ import ast
 import json
 from pathlib import Path
 
+import numpy as np
+
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems, default_data_dir
-from repro.workloads.chat import ChatCounters, Turn, add_conversation
+from repro.workloads.chat import ChatCounters, Turn, add_conversation, message_texts
 from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.sources import iter_jsonl, missing_data
-from repro.workloads.synthetic import words_segment
+from repro.workloads.synthetic import known_word_ids, words_segment
+from repro.workloads.tokenizer import chat_template
 
 DATASET_ID = "bigainlco/LooGLE"
 MODES = ("shared_prefix", "follow_up")
 CONFIGS = ("shortdep_qa", "longdep_qa")
+
+
+def _give_stand_in_tokens(b: PoolBuilder, template, doc_part: str, doc: str, doc_ids) -> None:
+    """Hand the builder the tokens of a stand-in document's segment, so its ~30k words are not
+    run through BPE again: the segment is head + doc + part separator, and a pre-token
+    boundary falls on either side of the words (each " " + letters), so its tokens are
+    encode(head) ++ the words' ids ++ encode(separator). tests/workloads/test_loogle.py
+    checks them against encoding the whole text."""
+    seg = message_texts([doc_part, ""], template)[0]  # the text add_conversation tokenises
+    tail = template.part_sep
+    if not seg.endswith(doc + tail):
+        return  # a template that rewrites the document's ends: let BPE see it
+    head = seg[: len(seg) - len(doc) - len(tail)]
+    b.give_tokens(seg, np.concatenate([b.tokenizer.encode(head), doc_ids, b.tokenizer.encode(tail)]))
 
 
 def parse_qa_pairs(value) -> list[tuple[str, str]] | None:
@@ -139,7 +156,7 @@ class LooGLEWorkload(WorkloadSpec):
         return docs, stats
 
     def _stand_in_docs(self, rng, tokenizer):
-        """Endless stream of synthetic (document, [(Q, A), ...])."""
+        """Endless stream of synthetic (document, [(Q, A), ...], the document words' token ids or None)."""
         st = self.cfg["stand_in"]
 
         def draw(key):
@@ -147,13 +164,13 @@ class LooGLEWorkload(WorkloadSpec):
             return int(rng.integers(lo, hi + 1))
 
         while True:
-            doc, _ = words_segment(rng, draw("doc_tokens_range") - 1, tokenizer)
+            doc, doc_ids = words_segment(rng, draw("doc_tokens_range") - 1, tokenizer)
             qas = []
             for _ in range(draw("questions_per_doc_range")):
                 q, _ = words_segment(rng, draw("question_tokens_range") - 1, tokenizer)
                 a, _ = words_segment(rng, draw("answer_tokens_range") - 1, tokenizer)
                 qas.append((q[:-1] + "?", a[:-1]))
-            yield doc[:-1], qas
+            yield doc[:-1], qas, (doc_ids[:-1] if known_word_ids(tokenizer) else None)  # ids less the "\n"
 
     def make_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
         c = self.cfg
@@ -168,7 +185,7 @@ class LooGLEWorkload(WorkloadSpec):
             docs, stats = self._read_real(data.path)
             if not docs:
                 raise WorkloadError(f"workload 'loogle': no document with questions in {data.path} ({stats})")
-            stream = (docs[i] for i in component_rng(seed, "sample").permutation(len(docs)).tolist())
+            stream = ((*docs[i], None) for i in component_rng(seed, "sample").permutation(len(docs)).tolist())
             prov.update({"rows_read": stats["rows_read"], "malformed_rows": stats["malformed_rows"],
                          "usable_documents": len(docs)})
             filtered = {"documents_without_questions": stats["documents_without_questions"]}
@@ -178,10 +195,13 @@ class LooGLEWorkload(WorkloadSpec):
             filtered = {}
         n_docs = 0
         next_conv = 0
-        for doc, qas in stream:
+        template = chat_template(tokenizer)
+        for doc, qas, doc_ids in stream:
             if len(b) >= c["num_queries"]:
                 break
             doc_part = "Input: " + doc
+            if doc_ids is not None:
+                _give_stand_in_tokens(b, template, doc_part, doc, doc_ids)
             before = len(b)
             if c["mode"] == "shared_prefix":
                 for q, a in qas:

@@ -66,6 +66,11 @@ def llama3_word_pool(tokenizer_file: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array([w for _, w in pairs], dtype=object), np.array([i for i, _ in pairs], dtype=np.int32)
 
 
+def known_word_ids(tokenizer) -> bool:
+    """Whether `words_segment` computes this tokenizer's ids from the word indices (no encoding)."""
+    return getattr(tokenizer, "kind", None) == "llama3" or isinstance(tokenizer, BuiltinTokenizer)
+
+
 def words_segment(rng: np.random.Generator, n_words: int, tokenizer, prefix: str = "") -> tuple[str, np.ndarray]:
     """(text, tokens) of `prefix` + n random pool words + "\\n".
 

@@ -126,3 +126,42 @@ def test_stand_in_knobs_are_configurable():
     wl = build_workload(small(num_queries=10, stand_in=st, order="round_robin"), seed=3)
     assert len({r.group_id for r in wl.requests}) == 5
     assert all(100 <= r.prompt_len <= 120 + 60 for r in wl.requests)
+
+
+
+def _pool_bytes(cfg, seed) -> bytes:
+    import io
+
+    from repro.workloads.base import resolve_spec
+    from repro.workloads.tokenizer import make_tokenizer
+
+    spec = resolve_spec(cfg)
+    buf = io.BytesIO()
+    spec.make_pool(seed, make_tokenizer(spec.cfg["tokenizer"]), spec.resolve_data()).write(buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("tokenizer", ["llama3", "builtin"])
+@pytest.mark.parametrize("mode", ["shared_prefix", "follow_up"])
+def test_stand_in_document_tokens_equal_encoding_the_whole_text(monkeypatch, tokenizer, mode):
+    """The stand-in hands the builder its documents' tokens (word ids, no BPE run): each equals
+    the tokenizer run on the segment's text, and the pool, archive bytes included, is the one
+    running every segment through the tokenizer gives."""
+    from repro.workloads.pool import PoolBuilder
+
+    checked = []
+    real_give = PoolBuilder.give_tokens
+
+    def checking_give(self, text, tokens):
+        checked.append(np.array_equal(tokens, self.tokenizer.encode(text)))
+        real_give(self, text, tokens)
+
+    st = {"doc_tokens_range": [300, 2000], "questions_per_doc_range": [1, 4]}
+    for seed in (0, 1, 7):
+        cfg = small(num_queries=24, mode=mode, stand_in=st, tokenizer={"kind": tokenizer, "path": None})
+        monkeypatch.setattr(PoolBuilder, "give_tokens", checking_give)
+        before = len(checked)
+        fast = _pool_bytes(cfg, seed)
+        assert len(checked) > before and all(checked)
+        monkeypatch.setattr(PoolBuilder, "give_tokens", lambda self, text, tokens: None)
+        assert _pool_bytes(cfg, seed) == fast
