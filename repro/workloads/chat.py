@@ -74,12 +74,17 @@ def message_texts(parts: list[str], t: ChatTemplate) -> list[str]:
     return [_content(p, t) + (t.part_sep if i < n - 1 else t.end_of_turn) for i, p in enumerate(parts)]
 
 
+def reply_text(reply: str, t: ChatTemplate) -> str:
+    """Segment text of a reply (it closes the turn)."""
+    return _content(reply, t) + t.end_of_turn
+
+
 def conversation_texts(turns: list[Turn], t: ChatTemplate) -> list[str]:
     """Every segment text `add_conversation` may tokenise for these turns (for batch prefetch)."""
     out = [x for x in (t.bos, t.user_header, t.assistant_header) if x]
     for turn in turns:
         out.extend(message_texts(turn.user_parts, t))
-        out.append(_content(turn.reply, t) + t.end_of_turn)
+        out.append(reply_text(turn.reply, t))
     return out
 
 
@@ -108,7 +113,7 @@ def add_conversation(
         if max_turns is not None and added >= max_turns:
             break
         parts = [builder.segment(x) for x in message_texts(turn.user_parts, t)]
-        reply = builder.segment(_content(turn.reply, t) + t.end_of_turn)
+        reply = builder.segment(reply_text(turn.reply, t))
         # minus each part's closing separator / end-of-turn (one token each; a separator merged
         # into the previous pre-token makes this one too low, only for multi-part messages)
         user_tokens = sum(builder.seg_len(s) for s in parts) - len(parts)

@@ -32,34 +32,18 @@ import ast
 import json
 from pathlib import Path
 
-import numpy as np
-
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems, default_data_dir
 from repro.workloads.chat import ChatCounters, Turn, add_conversation, message_texts
 from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.sources import iter_jsonl, missing_data
-from repro.workloads.synthetic import known_word_ids, words_segment
+from repro.workloads.synthetic import tokens_of_words_in, words_segment
 from repro.workloads.tokenizer import chat_template
 
 DATASET_ID = "bigainlco/LooGLE"
 MODES = ("shared_prefix", "follow_up")
 CONFIGS = ("shortdep_qa", "longdep_qa")
-
-
-def _give_stand_in_tokens(b: PoolBuilder, template, doc_part: str, doc: str, doc_ids) -> None:
-    """Hand the builder the tokens of a stand-in document's segment, so its ~30k words are not
-    run through BPE again: the segment is head + doc + part separator, and a pre-token
-    boundary falls on either side of the words (each " " + letters), so its tokens are
-    encode(head) ++ the words' ids ++ encode(separator). tests/workloads/test_loogle.py
-    checks them against encoding the whole text."""
-    seg = message_texts([doc_part, ""], template)[0]  # the text add_conversation tokenises
-    tail = template.part_sep
-    if not seg.endswith(doc + tail):
-        return  # a template that rewrites the document's ends: let BPE see it
-    head = seg[: len(seg) - len(doc) - len(tail)]
-    b.give_tokens(seg, np.concatenate([b.tokenizer.encode(head), doc_ids, b.tokenizer.encode(tail)]))
 
 
 def parse_qa_pairs(value) -> list[tuple[str, str]] | None:
@@ -156,7 +140,7 @@ class LooGLEWorkload(WorkloadSpec):
         return docs, stats
 
     def _stand_in_docs(self, rng, tokenizer):
-        """Endless stream of synthetic (document, [(Q, A), ...], the document words' token ids or None)."""
+        """Endless stream of synthetic (document, [(Q, A), ...], the document's word ids)."""
         st = self.cfg["stand_in"]
 
         def draw(key):
@@ -170,7 +154,7 @@ class LooGLEWorkload(WorkloadSpec):
                 q, _ = words_segment(rng, draw("question_tokens_range") - 1, tokenizer)
                 a, _ = words_segment(rng, draw("answer_tokens_range") - 1, tokenizer)
                 qas.append((q[:-1] + "?", a[:-1]))
-            yield doc[:-1], qas, (doc_ids[:-1] if known_word_ids(tokenizer) else None)  # ids less the "\n"
+            yield doc[:-1], qas, doc_ids[:-1]  # less the "\n"
 
     def make_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
         c = self.cfg
@@ -200,8 +184,9 @@ class LooGLEWorkload(WorkloadSpec):
             if len(b) >= c["num_queries"]:
                 break
             doc_part = "Input: " + doc
-            if doc_ids is not None:
-                _give_stand_in_tokens(b, template, doc_part, doc, doc_ids)
+            if doc_ids is not None:  # the stand-in's document segment, without BPE over its words
+                seg = message_texts([doc_part, ""], template)[0]
+                b.give_tokens(seg, tokens_of_words_in(tokenizer, seg, doc, doc_ids))
             before = len(b)
             if c["mode"] == "shared_prefix":
                 for q, a in qas:

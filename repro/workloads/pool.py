@@ -257,10 +257,10 @@ class PoolBuilder:
         if todo:
             self._prefetched.update(zip(todo, self.tokenizer.encode_batch(todo)))
 
-    def give_tokens(self, text: str, tokens: np.ndarray) -> None:
+    def give_tokens(self, text: str, tokens: np.ndarray | None) -> None:
         """The tokens `segment(text)` would compute, known by construction (a stand-in's word
-        ids): taken like prefetched ones, so the segment's identity is unchanged."""
-        if (text, None) not in self._seg_index:
+        ids; None: not known): taken like prefetched ones, so the segment's identity is unchanged."""
+        if tokens is not None and (text, None) not in self._seg_index:
             self._prefetched[text] = np.ascontiguousarray(tokens, dtype=np.int32)
 
     def segment(self, text: str, tokens: np.ndarray | None = None) -> int:

@@ -71,6 +71,23 @@ def known_word_ids(tokenizer) -> bool:
     return getattr(tokenizer, "kind", None) == "llama3" or isinstance(tokenizer, BuiltinTokenizer)
 
 
+def tokens_of_words_in(tokenizer, text: str, words: str, word_ids: np.ndarray) -> np.ndarray | None:
+    """The tokens of `text`, which holds the pool words `words` (" w1 ... wn", their ids
+    `word_ids`), running the tokenizer only outside the middle words " w2 ... w(n-1)": the
+    first and last word are encoded with what surrounds them, so a template that strips or
+    joins them stays exact. Why it is exact: docs/ALGORITHMS.md, "Stand-in text". None when
+    it does not apply (ids not known from the words, under three words, the middle words not
+    in `text`, or followed there by a letter)."""
+    if not known_word_ids(tokenizer) or len(word_ids) < 3:
+        return None
+    mid = words[words.index(" ", 1) : words.rindex(" ")]
+    k = text.find(mid)
+    end = k + len(mid)
+    if k < 0 or (end < len(text) and text[end].isalpha()):  # a letter would join w(n-1)'s pre-token
+        return None
+    return np.concatenate([tokenizer.encode(text[:k]), word_ids[1:-1], tokenizer.encode(text[end:])]).astype(np.int32)
+
+
 def words_segment(rng: np.random.Generator, n_words: int, tokenizer, prefix: str = "") -> tuple[str, np.ndarray]:
     """(text, tokens) of `prefix` + n random pool words + "\\n".
 

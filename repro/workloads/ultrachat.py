@@ -22,10 +22,11 @@ from pathlib import Path
 from repro.workloads import cache as _cache
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems, default_data_dir
-from repro.workloads.chat import ChatCounters, Turn, add_conversation
+from repro.workloads.chat import ChatCounters, Turn, add_conversation, message_texts, reply_text
 from repro.workloads.pool import Pool, PoolBuilder
 from repro.workloads.sources import data_files, files_digest, iter_jsonl, missing_data, read_parquet_column
-from repro.workloads.synthetic import lognormal_lengths, words_segment
+from repro.workloads.synthetic import lognormal_lengths, tokens_of_words_in, words_segment
+from repro.workloads.tokenizer import chat_template
 
 DATASET_ID = "stingning/ultrachat (raw jsonl) or HuggingFaceH4/ultrachat_200k (parquet)"
 EXTS = (".jsonl", ".json", ".parquet")
@@ -162,6 +163,7 @@ class UltraChatWorkload(WorkloadSpec):
         else:
             st = c["stand_in"]
             rng = component_rng(seed, "ultrachat.stand_in")
+            template = chat_template(tokenizer)
             attempts = 0
             while len(b) < c["num_queries"]:
                 attempts += 1
@@ -172,9 +174,13 @@ class UltraChatWorkload(WorkloadSpec):
                                          1, st["max_utterance_tokens"])
                 turns = []
                 for t in range(n_turns):
-                    user, _ = words_segment(rng, int(lens[2 * t]), tokenizer)
-                    reply, _ = words_segment(rng, int(lens[2 * t + 1]), tokenizer)
+                    user, user_ids = words_segment(rng, int(lens[2 * t]), tokenizer)
+                    reply, reply_ids = words_segment(rng, int(lens[2 * t + 1]), tokenizer)
                     turns.append(Turn([user[:-1]], reply[:-1]))  # chat.py adds the newline
+                    # their segments' tokens without BPE over the words
+                    for seg, words, ids in ((message_texts([user[:-1]], template)[0], user, user_ids),
+                                            (reply_text(reply[:-1], template), reply, reply_ids)):
+                        b.give_tokens(seg, tokens_of_words_in(tokenizer, seg, words[:-1], ids[:-1]))
                 cid = counters.conversations_used
                 add_conversation(b, turns, group_id=cid, conversation_id=cid, **common)
             prov.update({"rows_read": 0, "malformed_rows": 0, "stand_in": dict(st), "filtered": counters.as_dict()})
