@@ -222,7 +222,15 @@ class SharedPrefixIndex:
 
     @staticmethod
     def _unlink(node: _Node) -> None:
+        """Cut node's subtree off the tree. Its parent links are cleared so that reference
+        counting frees it at once: a child<->parent cycle waits for a full GC pass, rare with
+        millions of live objects, and such garbage had piled up to ~400k objects in a cell."""
         del node.parent.children[node.key[:4]]
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            x.parent = None
+            stack.extend(x.children.values())
 
     # ------------------------------------------------------------------ updates
     def _path_after_levels(self, key: bytes) -> list[_Node] | None:

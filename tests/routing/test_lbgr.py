@@ -674,3 +674,28 @@ def test_inflight_prompts_match_brute_force(data):
     for k, w in live:
         tree.remove_inflight(as_key(np.array(k)), w)
     assert not tree.root.children
+
+
+def test_a_subtree_cut_off_the_index_is_freed_without_the_cycle_collector():
+    """Nodes nobody holds leave the index at once (reference counting): a parent link left in
+    place made each cut-off subtree a cycle, and such garbage had piled up to ~400k objects in
+    a 250k-request cell between the rare full GC passes."""
+    import gc
+
+    from repro.routing.trackers import _Node
+
+    rng = np.random.default_rng(0)
+    tree = SharedPrefixIndex(4)
+    gc.collect()
+    gc.disable()
+    try:
+        for j in range(300):  # in flight, then cached, then evicted: branches come and go
+            key = as_key(np.concatenate([[j % 5], rng.integers(0, 3, size=int(rng.integers(2, 9)))]))
+            w = j % 4
+            tree.add_inflight(key, w)
+            tree.complete(key, key + as_key(np.array([7, 7])), len(key) // 4 + 2, w, inflight=True)
+            tree.remove_cached(key + as_key(np.array([7, 7])), int(rng.integers(0, 3)), w)
+        alive = sum(isinstance(o, _Node) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert alive == tree.num_nodes() + 1  # the root
