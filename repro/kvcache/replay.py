@@ -145,8 +145,7 @@ def replay(
     if index is None:
         index = TraceIndex(keys)
     if batch > 1:
-        for g in range(0, len(keys), batch):
-            d = index.distinct_tokens(range(g, min(len(keys), g + batch)))
+        for g, d in zip(range(0, len(keys), batch), index.group_distinct_tokens(batch)):
             if d > capacity:
                 raise CapacityError(
                     f"the batch group of paths {g}..{min(len(keys), g + batch) - 1} holds {d} distinct tokens "

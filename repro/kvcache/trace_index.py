@@ -37,6 +37,7 @@ class TraceIndex:
         keys = [as_key(p) for p in paths]
         self.keys = keys
         self._phases_cache: dict[int, list[int]] = {}
+        self._groups_cache: dict[int, list[int]] = {}
         self.num_paths = len(keys)
         self.root = TrieNode(b"", 0, 0, None)
         distinct: dict[bytes, list[int]] = {}
@@ -123,6 +124,15 @@ class TraceIndex:
                     seen.add(id(s))
                     total += s.end - s.start
         return total
+
+    def group_distinct_tokens(self, batch: int) -> list[int]:
+        """distinct_tokens of each consecutive group of `batch` paths (memoised: each seed of a
+        replay checks the same groups against the capacity)."""
+        got = self._groups_cache.get(batch)
+        if got is None:
+            n = self.num_paths
+            got = self._groups_cache[batch] = [self.distinct_tokens(range(g, min(n, g + batch))) for g in range(0, n, batch)]
+        return got
 
     def fiat_phases(self, capacity: int, order: Sequence[int] | None = None) -> list[int]:
         """Start positions (global token index) of the Fiat et al. phases of the token-access sequence.

@@ -27,3 +27,14 @@ def test_trie_segments_next_use_and_distinct_tokens():
     assert idx.num_distinct_tokens == 5
     assert idx.distinct_tokens([0, 1, 2]) == 4 and idx.distinct_tokens([3, 4]) == 3
     assert idx.keys[1] == as_key([1, 2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(paths=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=25),
+       batch=st.integers(1, 6))
+def test_group_distinct_tokens_match_the_union_of_each_group(paths, batch):
+    idx = TraceIndex(paths)
+    want = [len({tuple(p[:k]) for p in paths[g:g + batch] for k in range(1, len(p) + 1)})
+            for g in range(0, len(paths), batch)]
+    assert idx.group_distinct_tokens(batch) == want
+    assert idx.group_distinct_tokens(batch) == want  # memoised: the same answer again
