@@ -331,7 +331,7 @@ class RLTEviction(EvictionPolicy):
     def _forget_non_candidates(self) -> None:
         """Drop the queued nodes that are no evictable leaf now (evicted ones above all): the
         queue is flushed only by a fallback, which may never come, and it held every node ever
-        queued alive (RSS grew by ~1.4 KB per request). A dropped node that becomes a candidate
+        queued alive (three per request in an LBGR+RLT cell). A dropped node that becomes a candidate
         again is queued again by `_add`, so a flush pushes the same nodes as before; the heap's
         order is total (stamp, then seq), so the fallback's victims are unchanged."""
         keep = []
