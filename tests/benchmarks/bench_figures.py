@@ -5,7 +5,9 @@ Two lines, as issue 20 asks: the paper's experiments from scratch (target <= 60 
 then the ones beyond the paper (rule comparison, regime map, Mooncake replay: <= 120 s more) on
 top of them, in the same folders, as `make figures` builds them (fig2_router_rules draws
 fig2_main's cells beside its own, so it needs the paper's results; nothing else is reused). The machine's load average is
-printed beside each time: on a shared machine it is the first thing to look at.
+printed beside each time: on a shared machine it is the first thing to look at. So is the CPU
+time of the build and its workers (and CPU / wall, the cores it kept busy): the build is CPU-bound,
+so CPU time moves less than wall time when the machine's speed drifts.
 
     python tests/benchmarks/bench_figures.py [--paper-only] [--keep DIR]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -36,19 +39,22 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def build(names: list[str], work: Path, fresh: bool) -> tuple[float, int]:
+def build(names: list[str], work: Path, fresh: bool) -> tuple[float, float, int]:
     if fresh:
         for d in ("results", "figures", "cache"):
             shutil.rmtree(work / d, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "REPRO_CACHE_DIR": str(work / "cache" / "workloads")}
     cmd = [sys.executable, "-m", "repro.figures", *names, "--run-missing", "--results-dir", str(work / "results"),
            "--figures-dir", str(work / "figures"), "--reproduce-md", str(work / "REPRODUCE.md")]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)  # the build and its pool workers
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
-    return wall, proc.returncode
+    return wall, cpu, proc.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,13 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         groups.append(("beyond the paper", [n for n in every if n in BEYOND], 120.0))
     work = a.keep or Path(tempfile.mkdtemp(prefix="bench_figures_"))
     rc = 0
-    print(f"{'build from scratch':<20} {'wall s':>8} {'target s':>9} {'ratio':>6}  load before -> after (1, 5, 15 min)")
+    print(f"{'build from scratch':<20} {'wall s':>8} {'target s':>9} {'ratio':>6} {'CPU s':>7} {'cores':>6}"
+          "  load before -> after (1, 5, 15 min)")
     try:
         for label, names, target in groups:
             before = load()
-            wall, code = build(names, work, fresh=label == "paper")
+            wall, cpu, code = build(names, work, fresh=label == "paper")
             rc |= code
-            print(f"{label:<20} {wall:8.1f} {target:9.0f} {wall / target:6.2f}  {before} -> {load()}"
+            print(f"{label:<20} {wall:8.1f} {target:9.0f} {wall / target:6.2f} {cpu:7.1f} {cpu / wall:6.2f}"
+                  f"  {before} -> {load()}"
                   f"{'' if code == 0 else f'  (exit {code})'}", flush=True)
     finally:
         if a.keep is None:
