@@ -126,5 +126,3 @@ def test_stand_in_knobs_are_configurable():
     wl = build_workload(small(num_queries=10, stand_in=st, order="round_robin"), seed=3)
     assert len({r.group_id for r in wl.requests}) == 5
     assert all(100 <= r.prompt_len <= 120 + 60 for r in wl.requests)
-
-
