@@ -16,6 +16,10 @@ and may expose
     identity(cfg: Mapping) -> Mapping
         The result-affecting part of the cell config, if not the whole config (the run
         signature hashes it). Default: the whole resolved config.
+    DETERMINISTIC = True
+        Same signature and code -> the same result files, byte for byte. The harness then fills a
+        cell that another experiment of the same results folder has already finished from that
+        cell's files instead of running it again (repro.harness.cell). Default: False (live runs).
 
 A serving backend puts its cell together with repro.backends.assembly (seeds, KV capacities,
 scheduler, step-cost model, workload, caches, router, provenance), the same code validation
@@ -52,6 +56,7 @@ class Backend:
     run_cell: Callable[..., Any]
     validate_cell: Callable[[Mapping], list[str]] | None = None
     identity: Callable[[Mapping], Mapping] | None = None
+    deterministic: bool = False
 
 
 def backend_module_path(name: str) -> str:
@@ -84,6 +89,7 @@ def get_backend(name: str) -> Backend:
         run_cell=run,
         validate_cell=getattr(module, "validate_cell", None),
         identity=getattr(module, "identity", None),
+        deterministic=getattr(module, "DETERMINISTIC", False) is True,
     )
 
 

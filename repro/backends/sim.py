@@ -19,6 +19,8 @@ from repro.backends import assembly
 from repro.backends.base import CellResult
 from repro.sim.cluster import SimCluster, StateSampler
 
+DETERMINISTIC = True  # simulated time only, RNGs from the cell's seed (docs/ARCHITECTURE.md)
+
 
 def run_cell(
     cfg: DictConfig,

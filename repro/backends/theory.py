@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 
 from repro.confutil import to_plain
 
+DETERMINISTIC = True  # the replayer: no clock, RNGs from the cell's seeds
 SELECTOR_KEYS = {"panel", "x", "policy", "quick"}
 X_KEY = {"thm4": "b_minus_l_plus_1", "thm5": "b_minus_l_minus_beta_plus_2"}
 

@@ -7,6 +7,10 @@ file behind: every write is atomic, see repro.results.store):
 2. Take the cell's lock (repro.results.lock): another live process computing it -> wait for it
    (or hand back "busy"); re-check 1 under the lock.
 3. The folder holds at most an unfinished or stale attempt: clear it (the lock excepted).
+   The same cell (signature) finished and fresh in another experiment's folder, on a
+   deterministic backend: its files are taken instead of running the backend again (its twin's
+   requests, summary and timings; this cell's own config.yaml, fingerprint, series and W&B run),
+   in the order below.
 4. config.yaml (the resolved cell config, sorted keys).
 5. The backend runs (W&B tracking alongside, never in the way; live cells stream to W&B; a
    failed W&B start turns tracking off for the rest of the sweep).
@@ -25,6 +29,8 @@ remove the cell's partial files and release its lock.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -35,8 +41,10 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Mapping
 
+from repro.confutil import to_yaml
 from repro.harness import faults
 from repro.results import CellStore
+from repro.results.store import SUMMARY
 from repro.results.fingerprint import FINGERPRINT, PYTHON_VERSION
 from repro.results.fingerprint import file_sha256 as sha256_file
 from repro.results.lock import LOCK, CellLock
@@ -233,9 +241,112 @@ def run_cell_spec(spec: CellSpec, *, wait: bool = True, poll_s: float = 1.0) -> 
     if state == "stale":
         out.extra["was_stale"] = why
     try:
+        twin = _finished_twin(spec)
+        if twin is not None:
+            return _adopt(spec, store, lock, out, t0, *twin)
         return _compute(spec, store, lock, out, t0)
     finally:
         lock.release()
+
+
+def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
+    """The same cell (signature) finished and fresh in another experiment's folder of this results
+    folder, if its backend is deterministic (its files are then what running it here would write):
+    fig2_main's GSP cells recur in fig5, fig6, fig12, ... with the same signature. With the files
+    this cell takes from it, read and checked (requests.parquet against its requests.sha256)."""
+    from repro.backends import get_backend
+
+    try:
+        if not get_backend(str(spec.config["backend"]["name"])).deterministic:
+            return None
+        exps = sorted(e.name for e in os.scandir(spec.results_dir)
+                      if e.is_dir() and e.name != spec.exp_name and not e.name.startswith("."))
+    except Exception:  # unknown backend, unreadable folder: computing it reports what is wrong
+        return None
+    from repro.tracking.series import SERIES_FILE
+
+    tracked = str((spec.config.get("tracking") or {}).get("mode", "offline")) != "disabled" and not tracking_off()
+    for exp in exps:
+        twin = CellStore(spec.results_dir, exp, spec.signature)
+        if not twin.is_finished() or current_state(twin, spec.config, False)[0] != "fresh":
+            continue
+        if tracked and (twin.dir / REQUESTS).is_file() and not (twin.dir / SERIES_FILE).is_file():
+            continue  # finished without tracking: the series this cell tracks needs the run
+        try:
+            files = {SUMMARY: twin.summary_path.read_bytes(), TIMINGS: (twin.dir / TIMINGS).read_text()}
+            if (twin.dir / REQUESTS).is_file():
+                files[REQUESTS] = (twin.dir / REQUESTS).read_bytes()
+                files[REQUESTS_SHA256] = (twin.dir / REQUESTS_SHA256).read_text()
+                if files[REQUESTS_SHA256].split()[0] != hashlib.sha256(files[REQUESTS]).hexdigest():
+                    continue
+            json.loads(files[TIMINGS])
+            json.loads(files[SUMMARY])
+        except (OSError, ValueError, IndexError):  # half-copied, edited by hand: compute it
+            continue
+        return twin, files
+    return None
+
+
+def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t0: float,
+           twin: CellStore, files: dict) -> CellOutcome:
+    """Fill the cell from its twin's files, in _compute's order (summary.json last): its own
+    config.yaml, fingerprint and tracking run; the twin's requests, summary and backend timings
+    (timings.json `harness.reused_from` names the twin)."""
+    from repro.harness.freshness import cell_fingerprint
+    from repro.tracking import CellTracker, start_cell_tracking
+
+    cfg = spec.config
+    tracker: Any = CellTracker()
+    failed = True
+    try:
+        summary = json.loads(files[SUMMARY])
+        timings = json.loads(files[TIMINGS])
+        _clear_unfinished(store)
+        store.write_text(CONFIG, to_yaml(cfg))
+        fingerprint = cell_fingerprint(cfg)
+        tracking = dict(cfg.get("tracking") or {})
+        if tracking_off():
+            tracking["mode"] = "disabled"
+        tracker = start_cell_tracking(tracking, cell_dir=store.dir, signature=spec.signature,
+                                      exp_name=spec.exp_name, config=cfg, name=spec.label)
+        if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
+            _turn_tracking_off()
+            out.extra["tracking_failed"] = True
+        if REQUESTS in files:
+            store.write_bytes(REQUESTS, files[REQUESTS])
+            store.write_text(REQUESTS_SHA256, files[REQUESTS_SHA256])
+        harness = dict(timings.get("harness") or {})
+        harness.update(host=socket.gethostname(), pid=os.getpid(),
+                       started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       reused_from=f"{twin.dir.parent.name}/{twin.dir.name}")
+        timings["harness"] = harness
+        store.write_json(TIMINGS, timings)
+        tracker.copy_series(store.dir, twin.dir)
+        store.write_json(FINGERPRINT, fingerprint)
+        if not lock.still_mine():
+            raise RuntimeError(f"lost the lock of {store.dir} (broken by another process); not finishing it")
+        store.write_bytes(SUMMARY, files[SUMMARY])  # last: marks the cell finished
+        failed = False
+        out.status, out.summary = "ran", summary
+        out.extra["reused_from"] = str(twin.dir)
+        tracker.progress(1.0)
+        tracker.log_result(summary, None)
+    except Exception as exc:
+        _failed(out, store, exc, t0)
+    except (Stopped, KeyboardInterrupt):
+        if not store.is_finished():
+            _clear_unfinished(store)
+        raise
+    finally:
+        try:
+            tracker.finish(failed=failed)
+        except BaseException:
+            pass
+        if getattr(tracker, "failed", False) and not out.extra.get("tracking_failed"):
+            _turn_tracking_off()
+            out.extra["tracking_failed"] = True
+        out.wall_s = time.perf_counter() - t0
+    return out
 
 
 def _failed(out: CellOutcome, store: CellStore, exc: BaseException, t0: float, write: bool = True) -> CellOutcome:
@@ -266,8 +377,8 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
     failed = True
     try:
         _clear_unfinished(store)
-        node = OmegaConf.create(cfg)  # one node: config.yaml is written before the backend gets it
-        store.write_text(CONFIG, OmegaConf.to_yaml(node, sort_keys=True))
+        node = OmegaConf.create(cfg)  # the backend's node
+        store.write_text(CONFIG, to_yaml(cfg))
         fingerprint = cell_fingerprint(cfg)  # this process's code/data: it is what computes the cell
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         tracking = dict(cfg.get("tracking") or {})

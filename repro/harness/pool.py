@@ -123,6 +123,24 @@ class _Worker:
         self.spec: CellSpec | None = None
 
 
+def _twin_key(spec: Any) -> tuple[str, str] | None:
+    return None if isinstance(spec, Task) else (spec.results_dir, spec.signature)
+
+
+def _next_spec(pending: deque, workers: list) -> Any:
+    """The first pending item that is not the twin (same results folder and signature, another
+    experiment) of a cell a worker is running: run after it, it is filled from its files
+    (repro.harness.cell._finished_twin) instead of being computed twice at once. None if every
+    pending item is such a twin."""
+    running = {_twin_key(w.spec) for w in workers if w.spec is not None}
+    for i, spec in enumerate(pending):
+        key = _twin_key(spec)
+        if key is None or key not in running:
+            del pending[i]
+            return spec
+    return None
+
+
 def _busy_elsewhere(spec: CellSpec) -> bool:
     store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
     return CellLock(store.dir).held_by_other()
@@ -236,7 +254,9 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
                 break
             for w in workers:
                 if w.spec is None and pending:
-                    w.spec = pending.popleft()
+                    w.spec = _next_spec(pending, workers)
+                    if w.spec is None:
+                        continue
                     try:
                         w.conn.send((w.spec.fn, w.spec.args) if isinstance(w.spec, Task) else w.spec)
                     except (BrokenPipeError, OSError):

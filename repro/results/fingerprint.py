@@ -191,20 +191,25 @@ def _distributions() -> dict[str, list[str]]:
     return metadata.packages_distributions()
 
 
-def library_versions(top_level_names: Iterable[str]) -> dict[str, str]:
-    """Versions of the installed distributions behind these import names (stdlib skipped)."""
+@lru_cache(maxsize=None)  # installed versions do not change within a process; each lookup scans sys.path
+def _version(dist: str) -> str:
     from importlib import metadata
 
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def library_versions(top_level_names: Iterable[str]) -> dict[str, str]:
+    """Versions of the installed distributions behind these import names (stdlib skipped)."""
     out: dict[str, str] = {"python": PYTHON_VERSION}
     dists = _distributions()
     for name in sorted(set(top_level_names)):
         if name in sys.stdlib_module_names or name == "__future__":
             continue
         for dist in dists.get(name, [name]):
-            try:
-                out[dist.lower()] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                out[dist.lower()] = "absent"
+            out[dist.lower()] = _version(dist)
     return out
 
 

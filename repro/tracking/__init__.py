@@ -73,6 +73,10 @@ class CellTracker:
     def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
         """Before summary.json: the cell's timeseries.parquet."""
 
+    def copy_series(self, cell_dir: Path, source_dir: Path) -> None:
+        """Before summary.json, instead of write_series, for a cell adopted from its twin in another
+        experiment (repro.harness.cell): the twin's series under this cell's swept keys."""
+
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         """After summary.json: the run's summary (and, for simulated cells, the whole run)."""
 
@@ -118,6 +122,15 @@ class FileCellTracker(CellTracker):
         from repro.tracking.series import cell_series
 
         self._series = cell_series(records, samples, max_points=int(self._tracking.get("max_points", 320)))
+        self._meta = _write_series_file(cell_dir, self._series, self._swept)
+
+    def copy_series(self, cell_dir: Path, source_dir: Path) -> None:
+        from repro.tracking.series import SERIES_FILE, read_series
+
+        src = Path(source_dir) / SERIES_FILE
+        if not src.is_file():  # a theory cell (summary only)
+            return
+        self._series, _ = read_series(src)
         self._meta = _write_series_file(cell_dir, self._series, self._swept)
 
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
@@ -264,6 +277,9 @@ class _Guarded(CellTracker):
 
     def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
         self._call("write_series", cell_dir, records, samples)
+
+    def copy_series(self, cell_dir: Path, source_dir: Path) -> None:
+        self._call("copy_series", cell_dir, source_dir)
 
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         self._call("log_result", summary, records)

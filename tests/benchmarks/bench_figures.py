@@ -57,6 +57,20 @@ def build(names: list[str], work: Path, fresh: bool) -> tuple[float, float, int]
     return wall, cpu, proc.returncode
 
 
+def cell_counts(results: Path, names: list[str]) -> tuple[int, int]:
+    """(cells run, cells filled from a finished twin in another experiment) of these experiments."""
+    import json
+
+    run = taken = 0
+    for name in names:
+        for t in (results / name).glob("*/timings.json"):
+            if "reused_from" in json.loads(t.read_text()).get("harness", {}):
+                taken += 1
+            else:
+                run += 1
+    return run, taken
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paper-only", action="store_true", help="only the paper's experiments")
@@ -75,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             before = load()
             wall, cpu, code = build(names, work, fresh=label == "paper")
             rc |= code
+            computed, taken = cell_counts(work / "results", names)
             print(f"{label:<20} {wall:8.1f} {target:9.0f} {wall / target:6.2f} {cpu:7.1f} {cpu / wall:6.2f}"
-                  f"  {before} -> {load()}"
+                  f"  {before} -> {load()}  cells: {computed} run, {taken} taken from a twin"
                   f"{'' if code == 0 else f'  (exit {code})'}", flush=True)
     finally:
         if a.keep is None:
