@@ -256,6 +256,8 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
     this cell takes from it, read and checked (requests.parquet against its requests.sha256)."""
     from repro.backends import get_backend
 
+    if spec.config.get("reuse_twins") is False:  # e.g. tab2_ablation: it reports its cells' timings
+        return None
     try:
         if not get_backend(str(spec.config["backend"]["name"])).deterministic:
             return None

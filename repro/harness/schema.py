@@ -67,6 +67,7 @@ class ReproSchema:
     results_dir: str = "results"
     n_jobs: Optional[int] = None  # local processes for the in-process grid; null = usable CPUs
     keep_stale: bool = False  # finished cells made by other code/data count as done (figures say so)
+    reuse_twins: bool = True  # a cell finished in another experiment's folder is copied (repro.harness.cell)
     policy_name: Optional[str] = None
     cluster: ClusterSchema = field(default_factory=ClusterSchema)
     model: Dict[str, Any] = field(default_factory=dict)

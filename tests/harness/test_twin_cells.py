@@ -91,6 +91,16 @@ def test_a_twin_is_not_taken_when_its_files_cannot_be_trusted_or_reproduced(tmp_
     assert not runs_itself(twin_of(spec, "good_twin"))
 
 
+def test_an_experiment_can_measure_its_own_cells(tmp_path):
+    results = tmp_path / "results"
+    spec = tiny_spec(results, *CELL, "tracking=disabled")
+    assert run_cell_spec(spec).status == "ran"
+    own = twin_of(tiny_spec(results, *CELL, "tracking=disabled", "reuse_twins=false"))
+    assert own.signature == spec.signature  # the switch is not part of the cell's identity
+    out = run_cell_spec(own)
+    assert out.status == "ran" and "reused_from" not in out.extra
+
+
 def test_a_backend_that_is_not_deterministic_is_always_run(tmp_path):
     results = tmp_path / "results"
     spec = tiny_spec(results, *CELL, "tracking=disabled", exp="tiny_fake")  # the fake backend declares nothing
