@@ -140,3 +140,4 @@ def test_a_sweep_computes_each_signature_once(tmp_path, n_jobs):
     by_sig = {o.signature: files(o.dir) for o in computed_here}
     for o in outs:
         assert files(o.dir) == by_sig[o.signature]
+
