@@ -117,3 +117,31 @@ def test_validation_builds_its_workloads_on_the_workers_not_here(tmp_path, refer
                             config_dir=str(FIXTURE_CONF), out=io.StringIO(), err=err)
     assert codes == {"tiny": 0}, err.getvalue()
     assert cell_files(tmp_path) == reference
+
+
+def test_theory_grids_are_planned_first_and_the_tables_keep_the_order_asked():
+    from hydra import initialize_config_dir
+
+    import repro.harness.schema  # noqa: F401
+    from repro.confutil import CONF_DIR
+    from repro.harness.batch import _plan_order
+    from repro.harness.compose import GridComposer
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composer = GridComposer("config")
+        asked = ["fig2_main", "fig3_models", "thm_competitive_ratio", "no_such_experiment", "tab2_ablation"]
+        assert _plan_order(asked, composer) == ["thm_competitive_ratio", "fig2_main", "fig3_models",
+                                                "no_such_experiment", "tab2_ablation"]
+
+
+def test_the_summary_tables_come_in_the_order_asked(tmp_path, monkeypatch):
+    import repro.harness.batch as batch
+
+    monkeypatch.setattr(batch, "_plan_order", lambda exps, composer: list(reversed(exps)))
+    monkeypatch.setenv("REPRO_RESULTS_DIR", str(tmp_path))
+    out = io.StringIO()
+    codes = run_experiments(["tiny", "tiny_fake"], [NO_WANDB, "n_jobs=1"], n_jobs=1, config_dir=str(FIXTURE_CONF),
+                            out=out, err=io.StringIO())
+    assert codes == {"tiny": 0, "tiny_fake": 0}
+    text = out.getvalue()
+    assert text.index("tiny: 4 ran") < text.index("tiny_fake: 4 ran")
