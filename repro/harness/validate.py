@@ -45,10 +45,10 @@ def _schema_node():
     return OmegaConf.structured(ReproSchema)
 
 
-# The schema's open mappings (Dict[str, Any]): a value's check depends on that value alone, and a
-# sweep repeats the same few (one router, workload, ... per system). A value that passed once is
-# merged as {} from then on, which leaves the merge's first error (if any) where it was.
-OPEN_SECTIONS = ("model", "hardware", "workload", "router", "eviction", "backend", "local", "limited_kv_cache_tokens")
+# In a resolved config a top-level key's check depends on its value alone, and a sweep repeats the
+# same few values (one router, workload, ... per system, the same cluster in most cells). A
+# mapping that passed once is merged as {} from then on, which leaves the merge's first error (if
+# any) where it was; a cell whose every key and value passed before is not merged at all.
 _passed: set[str] = set()
 
 
@@ -57,13 +57,14 @@ def schema_errors(cfg: Mapping) -> list[str]:
     from omegaconf.errors import OmegaConfBaseException
 
     light, fresh = dict(cfg), []
-    for k in OPEN_SECTIONS:
-        if isinstance(cfg.get(k), Mapping):
-            key = f"{k}={cfg[k]!r}"  # repr: exact types and keys (3 is not 3.0, 1 is not "1")
-            if key in _passed:
-                light[k] = {}
-            else:
-                fresh.append(key)
+    for k, v in cfg.items():
+        key = f"{k}={v!r}"  # repr: exact types and keys (3 is not 3.0, 1 is not "1")
+        if key not in _passed:
+            fresh.append(key)
+        elif isinstance(v, Mapping):
+            light[k] = {}
+    if not fresh:
+        return []
     try:
         OmegaConf.merge(_schema_node(), light)  # merge copies its first argument: the cached node stays as is
     except OmegaConfBaseException as exc:
