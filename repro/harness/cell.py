@@ -36,6 +36,7 @@ import shutil
 import socket
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -295,25 +296,14 @@ def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t
     config.yaml, fingerprint and tracking run; the twin's requests, summary and backend timings
     (timings.json `harness.reused_from` names the twin)."""
     from repro.harness.freshness import cell_fingerprint
-    from repro.tracking import CellTracker, start_cell_tracking
 
     cfg = spec.config
-    tracker: Any = CellTracker()
-    failed = True
-    try:
+    with _attempt(store, out, t0) as attempt:
         summary = json.loads(files[SUMMARY])
         timings = json.loads(files[TIMINGS])
-        _clear_unfinished(store)
         store.write_text(CONFIG, to_yaml(cfg))
         fingerprint = cell_fingerprint(cfg)
-        tracking = dict(cfg.get("tracking") or {})
-        if tracking_off():
-            tracking["mode"] = "disabled"
-        tracker = start_cell_tracking(tracking, cell_dir=store.dir, signature=spec.signature,
-                                      exp_name=spec.exp_name, config=cfg, name=spec.label)
-        if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
-            _turn_tracking_off()
-            out.extra["tracking_failed"] = True
+        tracker = attempt.tracker = _start_tracking(spec, store, out)
         if REQUESTS in files:
             store.write_bytes(REQUESTS, files[REQUESTS])
             store.write_text(REQUESTS_SHA256, files[REQUESTS_SHA256])
@@ -325,29 +315,13 @@ def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t
         store.write_json(TIMINGS, timings)
         tracker.copy_series(store.dir, twin.dir)
         store.write_json(FINGERPRINT, fingerprint)
-        if not lock.still_mine():
-            raise RuntimeError(f"lost the lock of {store.dir} (broken by another process); not finishing it")
+        _check_lock(lock, store)
         store.write_bytes(SUMMARY, files[SUMMARY])  # last: marks the cell finished
-        failed = False
+        attempt.failed = False
         out.status, out.summary = "ran", summary
         out.extra["reused_from"] = str(twin.dir)
         tracker.progress(1.0)
         tracker.log_result(summary, None)
-    except Exception as exc:
-        _failed(out, store, exc, t0)
-    except (Stopped, KeyboardInterrupt):
-        if not store.is_finished():
-            _clear_unfinished(store)
-        raise
-    finally:
-        try:
-            tracker.finish(failed=failed)
-        except BaseException:
-            pass
-        if getattr(tracker, "failed", False) and not out.extra.get("tracking_failed"):
-            _turn_tracking_off()
-            out.extra["tracking_failed"] = True
-        out.wall_s = time.perf_counter() - t0
     return out
 
 
@@ -372,31 +346,14 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
     from repro.backends.base import CellResult
     from repro.harness.freshness import cell_fingerprint
     from repro.metrics import summarize
-    from repro.tracking import CellTracker, start_cell_tracking
 
     cfg = spec.config
-    tracker: Any = CellTracker()
-    failed = True
-    try:
-        _clear_unfinished(store)
+    with _attempt(store, out, t0) as attempt:
         node = OmegaConf.create(cfg)  # the backend's node
         store.write_text(CONFIG, to_yaml(cfg))
         fingerprint = cell_fingerprint(cfg)  # this process's code/data: it is what computes the cell
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        tracking = dict(cfg.get("tracking") or {})
-        if tracking_off():
-            tracking["mode"] = "disabled"
-        tracker = start_cell_tracking(
-            tracking,
-            cell_dir=store.dir,
-            signature=spec.signature,
-            exp_name=spec.exp_name,
-            config=cfg,
-            name=spec.label,
-        )
-        if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
-            _turn_tracking_off()  # start failed (it warned): no other cell of this sweep tries again
-            out.extra["tracking_failed"] = True
+        tracker = attempt.tracker = _start_tracking(spec, store, out)
         faults.checkpoint("start")
         backend = get_backend(str(cfg["backend"]["name"]))
         tb0 = time.perf_counter()
@@ -429,13 +386,34 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
         tracker.write_series(store.dir, records, getattr(result, "samples", None))  # timeseries.parquet
         store.write_json(FINGERPRINT, fingerprint)
         faults.checkpoint("before_summary")
-        if not lock.still_mine():
-            raise RuntimeError(f"lost the lock of {store.dir} (broken by another process); not finishing it")
+        _check_lock(lock, store)
         store.write_json("summary.json", summary)  # last: marks the cell finished
-        failed = False
+        attempt.failed = False
         out.status, out.summary = "ran", summary
         tracker.progress(1.0)
         tracker.log_result(summary, records)
+    return out
+
+
+class _Attempt:
+    """What _attempt's caller fills in: its tracker, and whether the cell got its summary."""
+
+    def __init__(self) -> None:
+        from repro.tracking import CellTracker
+
+        self.tracker: Any = CellTracker()
+        self.failed = True
+
+
+@contextmanager
+def _attempt(store: CellStore, out: CellOutcome, t0: float):
+    """One attempt at filling a cell folder (_compute, _adopt): an unfinished or stale attempt
+    cleared first; an error becomes the outcome (error.txt); Stopped / Ctrl-C leave no
+    half-written cell; the tracker is finished whatever happened, never in the way."""
+    attempt = _Attempt()
+    try:
+        _clear_unfinished(store)
+        yield attempt
     except Exception as exc:
         _failed(out, store, exc, t0)
     except (Stopped, KeyboardInterrupt):
@@ -444,11 +422,29 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
         raise
     finally:
         try:
-            tracker.finish(failed=failed)
+            attempt.tracker.finish(failed=attempt.failed)
         except BaseException:  # never in the way of the cell's outcome
             pass
-        if getattr(tracker, "failed", False) and not out.extra.get("tracking_failed"):
+        if getattr(attempt.tracker, "failed", False) and not out.extra.get("tracking_failed"):
             _turn_tracking_off()  # e.g. an online upload that failed at the end of the cell
             out.extra["tracking_failed"] = True
         out.wall_s = time.perf_counter() - t0
-    return out
+
+
+def _start_tracking(spec: CellSpec, store: CellStore, out: CellOutcome) -> Any:
+    from repro.tracking import CellTracker, start_cell_tracking
+
+    tracking = dict(spec.config.get("tracking") or {})
+    if tracking_off():
+        tracking["mode"] = "disabled"
+    tracker = start_cell_tracking(tracking, cell_dir=store.dir, signature=spec.signature, exp_name=spec.exp_name,
+                                  config=spec.config, name=spec.label)
+    if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
+        _turn_tracking_off()  # start failed (it warned): no other cell of this sweep tries again
+        out.extra["tracking_failed"] = True
+    return tracker
+
+
+def _check_lock(lock: CellLock, store: CellStore) -> None:
+    if not lock.still_mine():
+        raise RuntimeError(f"lost the lock of {store.dir} (broken by another process); not finishing it")
