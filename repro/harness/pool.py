@@ -124,10 +124,30 @@ def _worker_main(conn, ppid: int, tracking_event) -> None:
             except EOFError:
                 return
             if spec is None:
-                return
+                break
             conn.send(_call(*spec) if isinstance(spec, tuple) else run_cell_spec(spec, wait=False))
     except (Stopped, BrokenPipeError, EOFError):
         return
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """End a worker the parent released without finalizing its interpreter: freeing a sweep's
+    heap object by object (about a gigabyte of small objects after the paper's cells) takes a
+    second or more while the parent waits, and there is nothing left to save: every cell's
+    files are written before its outcome is sent. Not with W&B's library loaded (its exit
+    hook flushes the upload service): then the normal exit."""
+    if "wandb" in sys.modules:
+        return
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing to flush
+            pass
+    os._exit(0)
 
 
 class _Worker:
