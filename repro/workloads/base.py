@@ -295,13 +295,19 @@ class WorkloadSpec:
         path = None
         if use_cache:
             path = _cache.pool_path(self.name, self.pool_key(seed, tokenizer, data))
+            pool = _recent_pool(path)
+            if pool is not None:
+                return pool, True, path
             f = _cache.open_payload(path)
             if f is not None:
                 try:
                     with f:
-                        return Pool.read(f), True, path
+                        pool = Pool.read(f)
                 except Exception as exc:  # checksum passed but the content does not parse
                     log.warning("workload cache %s is unreadable (%s); rebuilding", path, exc)
+                else:
+                    _remember_pool(path, pool)
+                    return pool, True, path
         pool = self.make_pool(seed, tokenizer, data)
         pool.provenance.update(data.provenance())
         pool.provenance["tokenizer"] = tokenizer.describe()
@@ -310,6 +316,7 @@ class WorkloadSpec:
                 _cache.write_stream(path, pool.write)
             except OSError as exc:
                 log.warning("could not write workload cache %s: %s", path, exc)
+            _remember_pool(path, pool)
         return pool, False, path
 
     def build(self, seed: int, use_cache: bool = True) -> Workload:
@@ -404,12 +411,40 @@ _memo_state = {"on": False}
 _memo_lock = threading.Lock()
 
 
+# Pools read from the disk cache, by cache file, while the memo is on: many workloads share one
+# pool (request rates, orders, query counts: POST_POOL_KEYS), and reading one again costs its
+# checksum and parse. The file name is the pool's content key (config, seed, data, tokenizer,
+# code), and a Pool is immutable, so a remembered one is the file's. The last few only.
+POOL_MEMO_MAX = 4
+_pools: dict[str, Pool] = {}
+
+
+def _recent_pool(path: Path) -> Pool | None:
+    if not _memo_state["on"]:
+        return None
+    with _memo_lock:
+        pool = _pools.pop(str(path), None)
+        if pool is not None:
+            _pools[str(path)] = pool  # most recently used last
+        return pool
+
+
+def _remember_pool(path: Path, pool: Pool) -> None:
+    if not _memo_state["on"]:
+        return
+    with _memo_lock:
+        _pools[str(path)] = pool
+        while len(_pools) > POOL_MEMO_MAX:
+            del _pools[next(iter(_pools))]
+
+
 def use_memo(on: bool = True) -> None:
-    """Turn the in-process workload memo on or off (off also empties it)."""
+    """Turn the in-process workload and pool memo on or off (off also empties them)."""
     with _memo_lock:
         _memo_state["on"] = bool(on)
         if not on:
             _memo.clear()
+            _pools.clear()
 
 
 def _memo_key(spec: WorkloadSpec, seed: int) -> str:

@@ -102,3 +102,36 @@ def test_use_cache_false_writes_nothing(isolated_dirs):
     wl = build_workload(wl_cfg("gsp", **SMALL_GSP), seed=0, use_cache=False)
     assert wl.cache_file is None and not list(cache_dir.glob("*.pool"))
     assert wl.requests[0].prompt_tokens.dtype == np.int32
+
+
+def test_sweep_memo_reads_each_pool_once(isolated_dirs, monkeypatch):
+    """With the sweep memo on, workloads that share a pool (rate, order) read its file once and
+    are the same requests as built without the memo; off again, the file is read each time."""
+    from repro.workloads import base
+    from repro.workloads.pool import Pool
+
+    cfgs = [wl_cfg("gsp", **SMALL_GSP, request_rate=r, order=o) for r, o in ((4.0, "random"), (20.0, "round_robin"))]
+    build_workload(cfgs[0], seed=1)  # writes another pool file
+    plain = [build_workload(c, seed=0) for c in cfgs]
+    reads = []
+    real_read = Pool.read
+    monkeypatch.setattr(Pool, "read", staticmethod(lambda f: reads.append(1) or real_read(f)))
+    base.use_memo(True)
+    try:
+        memo = [build_workload(c, seed=0) for c in cfgs] + [build_workload(cfgs[0], seed=1)]
+        assert len(reads) == 2  # one per pool file (seed 1 is another pool)
+        assert all(w.cache_hit for w in memo[:2])
+        for a, b in zip(plain, memo):
+            assert requests_equal(a.requests, b.requests) and a.provenance == b.provenance
+        assert memo[0].requests[0]._pool is memo[1].requests[0]._pool
+        for seed in range(2, 2 + base.POOL_MEMO_MAX):  # made pools are remembered too; the oldest go
+            build_workload(cfgs[0], seed=seed)
+        assert len(reads) == 2 and len(base._pools) == base.POOL_MEMO_MAX
+        build_workload(wl_cfg("gsp", **SMALL_GSP, request_rate=8.0), seed=0)  # its pool was dropped
+        assert len(reads) == 3
+    finally:
+        base.use_memo(False)
+    assert not base._pools
+    reads.clear()
+    build_workload(cfgs[1], seed=0)
+    assert len(reads) == 1
