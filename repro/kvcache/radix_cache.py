@@ -527,8 +527,9 @@ class RadixCache:
         self.eviction_log.extend(full[: len(full) - 4 * i] for i in range(r))
 
     # ------------------------------------------------------------------ the paper's path model
-    def process_path(self, tokens) -> PathResult:
-        """Process one complete path token by token (paper §3.2 / App. C); returns it LOCKED.
+    def process_path(self, tokens, lock: bool = True) -> PathResult:
+        """Process one complete path token by token (paper §3.2 / App. C); returns it LOCKED
+        (`lock=False`: unlocked again, as `dec_lock_ref(result.last_node)` would).
 
         For k = 1..|path|: the prefix path[:k] is a hit if cached, else a miss; a miss with
         the cache full first evicts one victim (a whole node at node granularity) among the
@@ -555,6 +556,13 @@ class RadixCache:
         hits = pos >> 2
         misses = n - hits
         self.clock = base + hits
+        if not misses and not lock:
+            # a cached path locked and unlocked: counters and locks end as they were; the policy
+            # hears what the pair tells it (an unlocked leaf leaves its candidates and comes back)
+            if node.lock_ref == 0 and not node.children and node is not self.root:
+                self.policy.leaf_removed(node)
+                self.policy.leaf_added(node)
+            return _tuple_new(PathResult, (hits, 0, 0, node))
         self.inc_lock_ref(node)
         evicted = 0
         if misses:
@@ -579,6 +587,8 @@ class RadixCache:
             self.dec_lock_ref(node)
             node = new
         self.clock = base + n
+        if not lock:
+            self.dec_lock_ref(node)
         return PathResult(hits, misses, evicted, node)
 
     # ------------------------------------------------------------------ introspection (tests, debugging)

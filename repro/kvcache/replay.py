@@ -154,23 +154,33 @@ def replay(
     pol = eviction_policies()[policy].create(seed, index)
     cache = RadixCache(capacity, pol, granularity, record_evictions=record_evictions)
     begin_path = pol.begin_path
-    misses = np.zeros(len(keys), dtype=np.int64)
     hits = 0
     evicted = 0
     process = cache.process_path
-    for g in range(0, len(keys), batch):
-        locked = []
-        for j in range(g, min(len(keys), g + batch)):
+    if batch == 1 and on_path is None:  # each path unlocked as soon as it is done: one verb
+        per_path = []
+        for j, key in enumerate(keys):
             begin_path(j)
-            res = process(keys[j])
-            hits += res.hits
-            misses[j] = res.misses
-            evicted += res.evicted
-            locked.append(res.last_node)
-            if on_path is not None:
-                on_path(cache, j, res)
-        for node in locked:
-            cache.dec_lock_ref(node)
+            h, m, e, _ = process(key, False)
+            hits += h
+            evicted += e
+            per_path.append(m)
+        misses = np.array(per_path, dtype=np.int64)
+    else:
+        misses = np.zeros(len(keys), dtype=np.int64)
+        for g in range(0, len(keys), batch):
+            locked = []
+            for j in range(g, min(len(keys), g + batch)):
+                begin_path(j)
+                res = process(keys[j])
+                hits += res.hits
+                misses[j] = res.misses
+                evicted += res.evicted
+                locked.append(res.last_node)
+                if on_path is not None:
+                    on_path(cache, j, res)
+            for node in locked:
+                cache.dec_lock_ref(node)
     return ReplayResult(
         policy=policy,
         granularity=granularity,

@@ -107,3 +107,24 @@ def test_fast_verbs_reject_evicted_nodes():
         cache.access_path(node)
     assert cache.insert_after(cache.root, as_key([5])).prefix_len == 0
     assert cache.access_path(cache.root).length == 0
+
+
+@pytest.mark.parametrize("gran", ["token", "node"])
+@pytest.mark.parametrize("policy", ["lru", "rlt", "opt"])
+@FAST
+@given(paths=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=6), min_size=1, max_size=40),
+       extra=st.integers(0, 8), seed=st.integers(0, 100))
+def test_unlocked_process_path_equals_lock_then_unlock(paths, extra, policy, gran, seed):
+    """The replayer's batch-1 loop (`process_path(key, lock=False)`, whose cached paths skip the
+    lock walks) against the general loop (`process_path` then `dec_lock_ref`; an `on_path`
+    callback selects it): same misses per path, counters, tree, candidate order and victims."""
+    from repro.kvcache.replay import replay
+
+    cap = max(len(p) for p in paths) + extra
+    fast = replay(paths, cap, policy, gran, 1, seed, record_evictions=True)
+    plain = replay(paths, cap, policy, gran, 1, seed, record_evictions=True, on_path=lambda cache, j, res: None)
+    assert (fast.hits, fast.evicted_tokens, fast.misses_per_path.tolist()) == (
+        plain.hits, plain.evicted_tokens, plain.misses_per_path.tolist())
+    assert snapshot(fast.cache) == snapshot(plain.cache)
+    assert fast.cache.eviction_log == plain.cache.eviction_log
+    fast.cache.check_invariants()
