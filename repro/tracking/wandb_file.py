@@ -174,15 +174,15 @@ def history_record(step: int, items: Iterable[tuple[str, str]]) -> bytes:
     return _bytes(R_HISTORY, body)
 
 
-def _column_items(prefix: bytes, values: Sequence[Any], fmt: str | None = None) -> list[bytes | None]:
-    """The encoded HistoryItem (tag + length + body) of each value of one column; None = not logged.
+def _column_items(prefix: bytes, values: Sequence[Any], fmt: str | None = None) -> list[bytes]:
+    """The encoded HistoryItem (tag + length + body) of each value of one column; b"" = not logged.
     `fmt`: float format (".9g" for float32 columns: exact, half the bytes of repr)."""
     small, finite, tag = _SMALL, math.isfinite, _ITEM_TAG
-    out: list[bytes | None] = []
+    out: list[bytes] = []
     for v in values:
         if v.__class__ is float:
             if not finite(v):
-                out.append(None)
+                out.append(b"")
                 continue
             vb = (format(v, fmt) if fmt else repr(v)).encode()
         elif v.__class__ is int:
@@ -190,7 +190,7 @@ def _column_items(prefix: bytes, values: Sequence[Any], fmt: str | None = None) 
         else:
             sj = value_json(v)
             if sj is None:
-                out.append(None)
+                out.append(b"")
                 continue
             vb = sj.encode()
         body = prefix + small[len(vb)] + vb
@@ -211,7 +211,7 @@ def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, ru
     fmts = [*(formats or [None] * len(columns)), None, None, None]
     encoded = [_column_items(_str(ITEM_NESTED, c) + _ITEM_VALUE_KEY, vals, f) for c, vals, f in zip(names, cols, fmts)]
     for step, items in enumerate(zip(*encoded)):
-        body = b"".join([i for i in items if i is not None]) + _bytes(2, _int(1, step))
+        body = b"".join(items) + _bytes(2, _int(1, step))
         yield _key(R_HISTORY, 2) + _varint(len(body)) + body
 
 
