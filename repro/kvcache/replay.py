@@ -167,20 +167,23 @@ def replay(
             per_path.append(m)
         misses = np.array(per_path, dtype=np.int64)
     else:
-        misses = np.zeros(len(keys), dtype=np.int64)
+        per_path = []
+        unlock = cache.dec_lock_ref
         for g in range(0, len(keys), batch):
             locked = []
             for j in range(g, min(len(keys), g + batch)):
                 begin_path(j)
                 res = process(keys[j])
-                hits += res.hits
-                misses[j] = res.misses
-                evicted += res.evicted
-                locked.append(res.last_node)
+                h, m, e, node = res
+                hits += h
+                evicted += e
+                per_path.append(m)
+                locked.append(node)
                 if on_path is not None:
                     on_path(cache, j, res)
             for node in locked:
-                cache.dec_lock_ref(node)
+                unlock(node)
+        misses = np.array(per_path, dtype=np.int64)
     return ReplayResult(
         policy=policy,
         granularity=granularity,
