@@ -11,7 +11,7 @@ config; `timings` (routing / eviction CPU time) is machine-dependent and kept ap
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig
 
@@ -20,10 +20,11 @@ from repro.backends.base import CellResult
 from repro.sim.cluster import SimCluster, StateSampler
 
 DETERMINISTIC = True  # simulated time only, RNGs from the cell's seed (docs/ARCHITECTURE.md)
+PLAIN_CONFIG = True  # the assembly takes plain mappings (as validation gives them)
 
 
 def run_cell(
-    cfg: DictConfig,
+    cfg: DictConfig | Mapping,
     progress: Callable[[float], None] | None = None,
     wrap_router: Callable[[Any], Any] | None = None,
 ) -> CellResult:

@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 from repro.confutil import to_plain
 
 DETERMINISTIC = True  # the replayer: no clock, RNGs from the cell's seeds
+PLAIN_CONFIG = True  # reads its `theory:` node as a plain mapping
 SELECTOR_KEYS = {"panel", "x", "policy", "quick"}
 X_KEY = {"thm4": "b_minus_l_plus_1", "thm5": "b_minus_l_minus_beta_plus_2"}
 

@@ -28,6 +28,7 @@ remove the cell's partial files and release its lock.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -349,13 +350,13 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
 
     cfg = spec.config
     with _attempt(store, out, t0) as attempt:
-        node = OmegaConf.create(cfg)  # the backend's node
+        backend = get_backend(str(cfg["backend"]["name"]))
+        node = copy.deepcopy(cfg) if backend.plain_config else OmegaConf.create(cfg)  # the backend's own
         store.write_text(CONFIG, to_yaml(cfg))
         fingerprint = cell_fingerprint(cfg)  # this process's code/data: it is what computes the cell
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         tracker = attempt.tracker = _start_tracking(spec, store, out)
         faults.checkpoint("start")
-        backend = get_backend(str(cfg["backend"]["name"]))
         tb0 = time.perf_counter()
         result = backend.run_cell(node, progress=tracker.progress)
         backend_s = time.perf_counter() - tb0
