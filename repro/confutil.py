@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -55,6 +56,7 @@ def flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _yaml_dumper() -> Any:
     """OmegaConf's YAML dumper (its representers: e.g. a str that reads as a number is quoted) on
     libyaml's emitter when PyYAML has it: the same text ~4x faster (config.yaml of every cell)."""
@@ -68,9 +70,6 @@ def _yaml_dumper() -> Any:
     dumper.yaml_representers = dict(base.yaml_representers)
     dumper.yaml_multi_representers = dict(base.yaml_multi_representers)
     return dumper
-
-
-_DUMPER: list[Any] = []
 
 
 def _printable_ascii(obj: Any) -> bool:
@@ -91,8 +90,6 @@ def to_yaml(cfg: Mapping) -> str:
     import yaml
     from omegaconf._utils import get_omega_conf_dumper
 
-    if not _DUMPER:
-        _DUMPER.append(_yaml_dumper())
     cfg = to_plain(cfg)
-    dumper = _DUMPER[0] if _printable_ascii(cfg) else get_omega_conf_dumper()
+    dumper = _yaml_dumper() if _printable_ascii(cfg) else get_omega_conf_dumper()
     return yaml.dump(cfg, Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=True)
