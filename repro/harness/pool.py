@@ -16,7 +16,8 @@ parent, and one dead worker breaks the whole pool. Here
   POLL_S, until that process finishes it (then it is skipped) or dies (then it runs here);
 - a `Task` (work that is not a cell: building the workloads validation needs, drawing a
   finished experiment's figures) runs on the same workers, before any cell still waiting, so
-  that no core idles while the parent does it.
+  that no core idles while the parent does it;
+- a worker the parent releases ends without interpreter teardown (`_exit_without_teardown`).
 """
 
 from __future__ import annotations
