@@ -263,7 +263,8 @@ def run_experiments(
     for p, specs in runnable:  # outcomes come in planning order; the tables go in the order asked
         mine_of[p.exp] = outcomes[pos:pos + len(specs)]
         pos += len(specs)
-    for p, specs in sorted(runnable, key=lambda ps: list(exps).index(ps[0].exp)):
+    asked = {e: i for i, e in enumerate(exps)}
+    for p, specs in sorted(runnable, key=lambda ps: asked[ps[0].exp]):
         mine = mine_of[p.exp]
         local = [dataclasses.replace(o, index=c.index) for o, c in zip(mine, p.cells)]
         print(format_table(summary_table(p.cells, local)), file=out)
