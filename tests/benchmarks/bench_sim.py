@@ -40,7 +40,7 @@ from repro.sim.cluster import SimCluster  # noqa: E402
 from repro.sim.worker import SchedulerConfig  # noqa: E402
 from tests.sim import sim_fakes  # noqa: E402
 
-TARGET_RPS = 5000.0
+TARGET_RPS = 5000.0  # the project's first floor for this cell, before issue 20
 # issue 20: simulated req/s per system on this cell
 TARGETS_20 = {("lbgr", "rlt"): 40_000.0, ("cache_aware", "lru"): 60_000.0}
 
@@ -206,9 +206,11 @@ def main() -> None:
             alone.append(run_once(parts, constant_cache=True, router=trivial_router, timed=False))
         best = dict(min(plain, key=lambda r: r["wall_s"]))
         best["cpu_best_s"] = min(r["cpu_s"] for r in plain)
-        split = min(runs, key=lambda r: r["wall_s"])
-        for k in ("cache_s", "router_s", "sim_s"):  # the split of the best timed run, scaled to the plain wall
-            best[k] = split[k] * best["wall_s"] / split["wall_s"]
+        # The split of the best plain run: its router calls are timed by the simulator itself; its
+        # cache calls as long as inside the wrappers of the best timed run (the wrappers' own cost
+        # stays out); the simulator's own part is the rest.
+        best["cache_s"] = min(r["cache_s"] for r in runs)
+        best["sim_s"] = best["wall_s"] - best["cache_s"] - best["router_s"]
         bests[(router_name, eviction)] = best
         print(f"  {len(parts.requests)} requests, {best['steps']} steps, hit rate {best['hit_rate']:.3f}, "
               f"simulated makespan {best['makespan_s']:.1f} s")
@@ -217,14 +219,15 @@ def main() -> None:
                   f"+ simulator {r['sim_s']:.3f}  ->  {r['rps']:,.0f} req/s (TimedCache wrappers included)")
         print("  plain runs (no timing wrappers): " + ", ".join(f"{r['rps']:,.0f}" for r in plain) + " req/s")
         sim_only = len(parts.requests) / best["sim_s"]
-        print(f"  best: {best['rps']:,.0f} simulated req/s = {best['rps'] / TARGET_RPS:.2f} x target {TARGET_RPS:,.0f}; "
-              f"simulator alone (excl. cache + router calls): {sim_only:,.0f} req/s = {sim_only / TARGET_RPS:.2f} x target; "
+        print(f"  best: {best['rps']:,.0f} simulated req/s = {best['rps'] / TARGET_RPS:.2f} x the floor of "
+              f"{TARGET_RPS:,.0f}; simulator alone (excl. cache + router calls): {sim_only:,.0f} req/s = "
+              f"{sim_only / TARGET_RPS:.2f} x the floor; "
               f"simulator share of wall time {best['sim_s'] / best['wall_s']:.0%}")
         floor = min((run_once(parts, constant_cache=True) for _ in range(args.repeat)), key=lambda r: r["wall_s"])
         floor_sim = len(parts.requests) / floor["sim_s"]
         print(f"  same requests, constant-time no-hit cache ({floor['steps']} steps): {floor['rps']:,.0f} req/s "
               f"(router {floor['router_s']:.3f} s); simulator alone {floor_sim:,.0f} req/s = "
-              f"{floor_sim / TARGET_RPS:.2f} x target")
+              f"{floor_sim / TARGET_RPS:.2f} x the floor")
         if args.profile:
             run_once(parts, profile=True)
     issue20_summary(bests, alone, args)
@@ -272,6 +275,18 @@ def issue20_summary(bests: dict, alone: list[dict], args) -> None:
         verdict = "meets" if max(best["rps"], cpu_rps) >= target else "MISSES"
         print(f"  {router_name + '+' + eviction.upper():<18}{best['rps']:>10,.0f}{cpu_rps:>11,.0f}{target:>9,.0f}"
               f"{cpu_rps / target:>10.2f}{vs_alone:>13}{vs_vidur:>9}  {verdict} (on CPU time)")
+    print("\n  what a target allows per request, beside the best run's split (us per request; the cache's time "
+          "is inside the\n  timing wrappers, the routers' as the simulator times them, the simulator's own part is "
+          "the rest of the wall time)")
+    print(f"  {'system':<18}{'allowed':>9}{'simulator':>11}{'cache':>8}{'router':>8}{'total':>8}"
+          f"{'simulator / allowed':>21}")
+    for (router_name, eviction), best in bests.items():
+        allowed = 1e6 / TARGETS_20[(router_name, eviction)]
+        own, cache, route = (best[k] * 1e6 / n for k in ("sim_s", "cache_s", "router_s"))
+        print(f"  {router_name + '+' + eviction.upper():<18}{allowed:>9.1f}{own:>11.1f}{cache:>8.1f}{route:>8.1f}"
+              f"{own + cache + route:>8.1f}{own / allowed:>21.2f}")
+    print("  (simulator / allowed above 1: the target is out of reach even if every cache and router call took no "
+          "time;\n  cache-aware's simulator part includes building each prompt's text, which only that router reads)")
 
 
 if __name__ == "__main__":
