@@ -32,3 +32,9 @@ def test_issue20_table_on_a_tiny_cell(capsys):
     out = capsys.readouterr().out
     assert "simulator alone" in out and "lbgr+RLT" in out and "cache_aware+LRU" in out
     assert "40,000" in out and "60,000" in out
+    # the per-request budget table: what each target allows, and the run's split adding up to its wall time
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.strip().startswith(("lbgr+", "cache_aware+"))}
+    assert float(lines["lbgr+RLT"][1]) == 25.0 and float(lines["cache_aware+LRU"][1]) == 16.7
+    for (router, ev), best in bests.items():
+        row = lines[f"{router}+{ev.upper()}"]
+        assert abs(float(row[5]) - best["wall_s"] * 1e6 / 48) < 0.2
