@@ -559,7 +559,7 @@ class RadixCache:
         if not misses and not lock:
             # a cached path locked and unlocked: counters and locks end as they were; the policy
             # hears what the pair tells it (an unlocked leaf leaves its candidates and comes back)
-            if node.lock_ref == 0 and not node.children and node is not self.root:
+            if node.lock_ref == 0 and not node.children:  # never the root: its lock_ref stays 1
                 self.policy.leaf_removed(node)
                 self.policy.leaf_added(node)
             return _tuple_new(PathResult, (hits, 0, 0, node))

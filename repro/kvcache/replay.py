@@ -157,17 +157,15 @@ def replay(
     hits = 0
     evicted = 0
     process = cache.process_path
+    per_path = []
     if batch == 1 and on_path is None:  # each path unlocked as soon as it is done: one verb
-        per_path = []
         for j, key in enumerate(keys):
             begin_path(j)
             h, m, e, _ = process(key, False)
             hits += h
             evicted += e
             per_path.append(m)
-        misses = np.array(per_path, dtype=np.int64)
     else:
-        per_path = []
         unlock = cache.dec_lock_ref
         for g in range(0, len(keys), batch):
             locked = []
@@ -183,7 +181,7 @@ def replay(
                     on_path(cache, j, res)
             for node in locked:
                 unlock(node)
-        misses = np.array(per_path, dtype=np.int64)
+    misses = np.array(per_path, dtype=np.int64)
     return ReplayResult(
         policy=policy,
         granularity=granularity,
