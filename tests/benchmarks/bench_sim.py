@@ -17,7 +17,10 @@ CacheAware+LRU >= 60,000 simulated req/s; references: the simulator alone on the
 (cache and router calls replaced by trivial ones: a constant-time no-hit cache and a
 round-robin router) and a peer run of Vidur's engine on the same request count
 (tests/benchmarks/bench_vidur.py, in a subprocess: a roofline stand-in predictor, since Vidur
-downloads its profiles at run time).
+downloads its profiles at run time). Then what each target allows per request (1 / target)
+beside the best plain run's split: routers as the simulator times them, cache calls as long as
+inside the timing wrappers, the simulator's own part the rest of the wall time. Where that own
+part alone exceeds the allowance, no cache or router speed-up can meet the target.
 """
 
 from __future__ import annotations
