@@ -210,8 +210,8 @@ def main() -> None:
         best = dict(min(plain, key=lambda r: r["wall_s"]))
         best["cpu_best_s"] = min(r["cpu_s"] for r in plain)
         # The split of the best plain run: its router calls are timed by the simulator itself; its
-        # cache calls as long as inside the wrappers of the best timed run (the wrappers' own cost
-        # stays out); the simulator's own part is the rest.
+        # cache calls as long as the shortest of the timed runs spent inside the wrappers (their own
+        # cost stays out); the simulator's own part is the rest.
         best["cache_s"] = min(r["cache_s"] for r in runs)
         best["sim_s"] = best["wall_s"] - best["cache_s"] - best["router_s"]
         bests[(router_name, eviction)] = best
