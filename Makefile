@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu and not router_binary"
 
-.PHONY: help install test test-all test-slow test-sglang test-slurm bench figures figures-render results-status sglang-env router-env test-router-binary clean
+.PHONY: help install test test-all test-slow test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,8 +21,10 @@ test:  ## default test run (the README's test command; excludes slow/slurm/sglan
 test-slow:  ## the slow checks only
 	$(PYTHON) -m pytest -m slow
 
-sglang-env:  ## build the CPU SGLang environment (.venv-sglang) used by parity tests and the SGLang benchmark
+sglang-env:  ## build the CPU SGLang environment (.venv-sglang): parity tests, the SGLang benchmark and the real CPU server
 	bash scripts/make_sglang_env.sh
+
+sglang-server-env: sglang-env  ## the same venv: it carries the real HTTP server's extras too (scripts/sglang_env/server.lock)
 
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
 	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live

@@ -25,6 +25,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 VENV="${1:-${VENV_DIR:-.venv-sglang}}"
 LOCK="scripts/sglang_env/requirements.lock"
+SERVER_LOCK="scripts/sglang_env/server.lock"  # the HTTP server's extra imports (make sglang-server-env)
 STAMP="$VENV/.repro-sglang-env"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
@@ -35,14 +36,15 @@ fail() { echo "[make_sglang_env] FAILED: $*" >&2; exit 1; }
 trap 'echo "[make_sglang_env] FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 [ -f "$LOCK" ] || fail "missing $LOCK"
+[ -f "$SERVER_LOCK" ] || fail "missing $SERVER_LOCK"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' \
   || fail "$PYTHON is not Python 3.11 (the lock pins cp311 wheels); set PYTHON=/path/to/python3.11"
 
-WANT="$(sha256sum "$LOCK" | cut -d' ' -f1)"
+WANT="$(cat "$LOCK" "$SERVER_LOCK" | sha256sum | cut -d' ' -f1)"
 
 smoke_test() {
   # The exact thing the tests need: the shimmed import, a simulated RadixCache, one insert/match/evict.
-  PYTHONPATH="$REPO_ROOT" "$VENV/bin/python" -W ignore - <<'EOF'
+  PYTHONPATH="$REPO_ROOT" "$VENV/bin/python" -W ignore - <<'EOF' || return 1
 from repro.backends.sglang import cpu_shims
 cpu_shims.install()
 from array import array
@@ -60,7 +62,20 @@ cache.insert(InsertParams(key=RadixKey(array("q", [1, 2, 3]))))
 assert cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", [1, 2, 9])))).device_prefix_len == 2
 assert cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted == 3
 import sglang.srt.managers.schedule_policy  # the scheduler parity test's import chain
-print(f"[make_sglang_env] ok: sglang {sglang.__version__}, torch {torch.__version__}")
+from importlib import metadata
+try:
+    metadata.distribution("triton")
+    raise SystemExit("triton must not be installed (the CPU shims stub it; xgrammar with deps pulls it)")
+except metadata.PackageNotFoundError:
+    pass
+EOF
+  # the real HTTP server's import chain, as repro.backends.sglang.server loads it on a CPU (hardware=cpu)
+  PYTHONPATH="$REPO_ROOT" SGLANG_USE_CPU_ENGINE=1 "$VENV/bin/python" -W ignore - <<'EOF'
+from repro.backends.sglang import cpu_shims
+cpu_shims.install(sgl_kernel=True)
+import sglang, torch
+import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang.srt.models.llama
+print(f"[make_sglang_env] ok: sglang {sglang.__version__}, torch {torch.__version__}, HTTP server imports")
 EOF
 }
 
@@ -91,12 +106,14 @@ step "installing torch==2.13.0 (CPU build, local wheel)"
 "${PIP[@]}" -c "$CONSTRAINT" "torch==2.13.0" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 step "installing the pinned closure of $LOCK (--no-deps: sglang, torchvision and ~95 small packages)"
 "${PIP[@]}" -c "$CONSTRAINT" -r "$LOCK" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+step "installing the HTTP server's extras, $SERVER_LOCK (--no-deps: no triton)"
+"${PIP[@]}" -c "$CONSTRAINT" -r "$SERVER_LOCK" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 # pip exits non-zero on a real failure, but the grep above hides its status: check what it produced.
-"$VENV/bin/python" - "$LOCK" <<'EOF'
+"$VENV/bin/python" - "$LOCK" "$SERVER_LOCK" <<'EOF'
 import sys
 from importlib.metadata import version, PackageNotFoundError
 missing = []
-for line in open(sys.argv[1]):
+for line in (ln for path in sys.argv[1:] for ln in open(path)):
     line = line.split("#")[0].strip()
     if not line:
         continue

@@ -63,7 +63,11 @@ def test_server_argv_selects_the_patched_cache(rlt):
     from repro.backends.sglang.server import build_sglang_argv
 
     base = ["--model-path", "m"]
-    assert build_sglang_argv(base) == base  # not rlt: untouched
+    # not rlt: the same tree class (SGLang's plain RadixCache), unless a backend is named or the cache is off
+    assert build_sglang_argv(base) == base + ["--radix-cache-backend", "repro_radix"]
+    assert build_sglang_argv(base + ["--radix-eviction-policy", "lru"])[-2:] == ["--radix-cache-backend", "repro_radix"]
+    assert build_sglang_argv(base + ["--radix-cache-backend", "unified"]) == base + ["--radix-cache-backend", "unified"]
+    assert build_sglang_argv(base + ["--disable-radix-cache"]) == base + ["--disable-radix-cache"]
     out = build_sglang_argv(base + ["--radix-eviction-policy", "rlt", "--random-seed", "5"])
     assert out[-4:] == ["--radix-cache-backend", "repro_radix", "--radix-eviction-policy-config", '{"seed": 5}']
     out = build_sglang_argv(base + ["--radix-eviction-policy=rlt", "--radix-eviction-policy-config", '{"seed": 1}'])

@@ -117,6 +117,8 @@ def identity(cfg: Mapping) -> dict:
     b = dict(cfg.get("backend") or {})
     for k in NON_RESULT_BACKEND_KEYS:
         b.pop(k, None)
+    if isinstance(b.get("server"), dict):
+        b["server"] = {k: v for k, v in b["server"].items() if k != "python"}  # where SGLang lives, not what runs
     cfg["backend"] = b
     return cfg
 

@@ -31,8 +31,9 @@ PLACEMENTS = ("auto", "local")  # backend.placement
 class ServerSection:
     """`backend.server`: the SGLang servers (python -m repro.backends.sglang.server <flags>)."""
 
-    model_path: str | None = None  # None: model.hf_id
-    load_format: str = "auto"
+    model_path: str | None = None  # None: model.local_dir (`generate`: written by tiny_model.py), else model.hf_id
+    python: str | None = None  # interpreter with SGLang (e.g. .venv-sglang/bin/python); None: backend.python
+    load_format: str = "auto"  # auto: model.load_format when the model sets one (tiny_llama: dummy)
     dtype: str = "auto"
     random_seed: int | None = None  # None: worker i gets the simulator's eviction seed of worker i
     extra_args: list = field(default_factory=list)

@@ -16,16 +16,26 @@ torch 2.13.0 (scripts/make_sglang_env.sh). Two imports on the chain to
   schemas first (no kernels, never called: the radix cache does not use torchvision) lets the
   import finish; a torchvision built for this torch loads its own ops and is left alone.
 
-Never used by the GPU server path (repro.backends.sglang.server does not import this).
+The real HTTP server on CPU (`hardware=cpu`, SGLANG_USE_CPU_ENGINE=1) also needs `sgl_kernel`,
+SGLang's compiled kernels, which have no CPU wheel: with `SGLANG_USE_CPU_ENGINE=1` the memory pool
+and speculative-decoding utils import a few `*_cpu` ops at import time (none is called with the
+torch_native attention backend). `install(sgl_kernel=True)` adds a stand-in package whose names are
+functions that raise NotImplementedError naming the kernel when called, so a kernel the CPU server
+really needed would fail loudly; `sgl_kernel.<submodule>` still raises ImportError, which SGLang's
+own fallbacks handle. repro.backends.sglang.server installs all three when
+REPRO_SGLANG_CPU_SHIMS=1 (set by conf/hardware/cpu.yaml); the GPU path never does.
 Idempotent: a second `install()` is a no-op.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
 
 _installed = False
 _library = None  # keep the torch.library.Library alive: dropping it removes the op schemas
@@ -118,11 +128,52 @@ def _define_torchvision_ops() -> None:
     _library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 
-def install() -> None:
-    """Make `import sglang.srt.mem_cache.radix_cache` work on CPU. Call before importing sglang."""
+class _SglKernelStub(types.ModuleType):
+    """`sgl_kernel` on a machine without it: every name is a kernel that raises when called."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.__path__ = []  # a package, so `from sgl_kernel import x` works; submodules stay ImportError
+        self.__version__ = "0.0.0+repro-cpu-stub"
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        qualname = f"{self.__name__}.{attr}"
+
+        def kernel(*args, **kwargs):
+            raise NotImplementedError(f"{qualname}: sgl_kernel is a stub on this CPU machine (no CPU wheel)")
+
+        kernel.__name__ = attr
+        kernel.__qualname__ = qualname
+        return kernel
+
+
+class _SglKernelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True) if fullname == "sgl_kernel" else None
+
+    def create_module(self, spec):
+        return _SglKernelStub(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def _install_sgl_kernel_stub() -> None:
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return  # a real sgl_kernel is importable: leave it alone
+    sys.meta_path.insert(0, _SglKernelFinder())
+
+
+def install(sgl_kernel: bool = False) -> None:
+    """Make `import sglang.srt.mem_cache.radix_cache` work on CPU (and, with `sgl_kernel=True`, the
+    HTTP server's import chain). Call before importing sglang."""
     global _installed
-    if _installed:
-        return
-    _install_triton_stub()
-    _define_torchvision_ops()
-    _installed = True
+    if not _installed:
+        _install_triton_stub()
+        _define_torchvision_ops()
+        _installed = True
+    if sgl_kernel:
+        _install_sgl_kernel_stub()

@@ -283,7 +283,8 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     else:
         n_local = node_of.count(0)
         tp = int(cfg["model"].get("tensor_parallel", 1) or 1)
-        gpus = assign_gpus(n_local, tp, b.gpus) + [[] for _ in range(m - n_local)]
+        gpus = (assign_gpus(n_local, tp, b.gpus) if hardware_server(cfg.get("hardware"))["uses_gpus"]
+                else [[] for _ in range(n_local)]) + [[] for _ in range(m - n_local)]
         workers = _sglang_servers(cfg, b, capacities, seeds, log_dir, worker_urls, where, python, gpus)
 
     router_url = f"http://{host}:{router_port}"
@@ -308,7 +309,7 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
         sr = b.sglang_router
         prometheus_port = next(p for p in free_ports(m + 2, host) if p not in ports)
         cmd = sglang_router_command(
-            str(sr.python or python), host, router_port, worker_urls, cfg["router"],
+            resolve_python(sr.python) if sr.python else python, host, router_port, worker_urls, cfg["router"],
             request_timeout_s=timeouts["request_s"],
             worker_startup_timeout_s=timeouts["router_start_s"],
             prometheus_port=prometheus_port,
@@ -328,6 +329,39 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(workers, router, router_url, worker_urls, log_dir, emulate, b.router_impl, time_scale,
                     timeouts, client_cfg, gpus, nodes, local_ports)
+
+
+HARDWARE_SERVER_KEYS = ("extra_args", "env", "uses_gpus")
+
+
+def hardware_server(hardware: Mapping | None) -> dict:
+    """The `server:` block of a hardware config: what servers on that hardware need (CPU flags and
+    environment for hardware=cpu; nothing for GPUs). Keys: extra_args, env, uses_gpus (default true)."""
+    block = dict((hardware or {}).get("server") or {})
+    unknown = sorted(set(block) - set(HARDWARE_SERVER_KEYS))
+    if unknown:
+        raise OrchestrationError(f"hardware.server: unknown keys {unknown} (known: {list(HARDWARE_SERVER_KEYS)})")
+    return {"extra_args": list(block.get("extra_args") or []), "env": dict(block.get("env") or {}),
+            "uses_gpus": bool(block.get("uses_gpus", True))}
+
+
+def resolve_python(path: str) -> str:
+    """An interpreter path from the config: relative paths are taken from the project root."""
+    from repro.confutil import PROJECT_ROOT
+
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute() and os.sep in str(path):
+        p = PROJECT_ROOT / p
+    return str(p)
+
+
+def _local_model_path(model: Mapping) -> str | None:
+    from repro.backends.sglang.tiny_model import ModelDirError, model_path
+
+    try:
+        return model_path(model)
+    except ModelDirError as exc:
+        raise OrchestrationError(f"model {model.get('name')!r}: {exc}") from None
 
 
 def _emulated_workers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: str, worker_urls: list[str],
@@ -364,34 +398,40 @@ def _sglang_servers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: str
     srv = b.server
     cluster = cfg["cluster"]
     model = cfg["model"]
+    hw_server = hardware_server(cfg.get("hardware"))
     tp = int(model.get("tensor_parallel", 1) or 1)
-    model_path = srv.model_path or model.get("hf_id")
+    model_path = srv.model_path or _local_model_path(model) or model.get("hf_id")
     if not model_path:
-        raise OrchestrationError("backend.server.model_path is not set and the model config has no hf_id")
+        raise OrchestrationError("backend.server.model_path is not set and the model config has neither "
+                                 "local_dir nor hf_id")
+    load_format = srv.load_format if srv.load_format not in (None, "auto") else model.get("load_format", "auto")
+    server_python = resolve_python(srv.python) if srv.python else python
     explicit = cluster.get("kv_cache_tokens")
     workers = []
     for i in range(len(worker_urls)):
         h, port, node = where(i)
         cmd = sglang_server_command(
-            python, model_path, h, port, cfg["eviction"]["name"], dict(cluster.get("scheduler") or {}),
+            server_python, model_path, h, port, cfg["eviction"]["name"], dict(cluster.get("scheduler") or {}),
             kv_cache_tokens=int(capacities[i]) if explicit is not None else None,
             mem_fraction=None if explicit is not None else float(cluster["mem_fraction"]),
             tensor_parallel=tp,
             # The server seeds RLT with --random-seed: worker i gets the simulator's eviction
             # seed of worker i (SeedPlan.workers[i], folded into SGLang's int range).
             random_seed=int(seeds.workers[i]) % (2**31 - 1) if srv.random_seed is None else int(srv.random_seed),
-            load_format=srv.load_format,
+            load_format=load_format,
             dtype=srv.dtype,
-            extra_args=list(srv.extra_args or []),
+            extra_args=[str(a) for a in hw_server["extra_args"]] + list(srv.extra_args or []),
         )
         # /health answers from the server's state instead of running a 1-token generation
         # (which would put a probe path into the radix cache the experiment measures).
         env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+        env.update({str(k): str(v) for k, v in hw_server["env"].items()})
         env.update({str(k): str(v) for k, v in (srv.env or {}).items()})
-        if node is None:
+        if node is None and hw_server["uses_gpus"]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])  # remote: the node agent splits its step's GPUs
         workers.append(ProcessSpec(f"server{i}", cmd, env, os.path.join(log_dir, f"server{i}.log"),
-                                   f"{worker_urls[i]}/health", node=node, gpus=tp if node else 0))
+                                   f"{worker_urls[i]}/health", node=node,
+                                   gpus=tp if node and hw_server["uses_gpus"] else 0))
     return workers
 
 

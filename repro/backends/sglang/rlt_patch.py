@@ -48,9 +48,19 @@ What the patched SGLang does (node granularity, as SGLang evicts)
   phase check cannot run inside SGLang's loop, so `evict` calls it in chunks of at most the
   number of unmarked cached tokens: a chunk then ends at or before the moment all unmarked
   tokens are gone, and the next chunk checks the phase first.
-* Randomness: `numpy.random.default_rng(seed)`, `seed` from `--radix-eviction-policy-config
-  '{"seed": S}'` (default 0). With tensor parallelism every rank holds its own tree and must
-  evict identically: they do, as they share the seed and see the same calls.
+* Randomness: a leaf's exponential clock is a hash of (seed, heap build, node id) -- SGLang's
+  `TreeNode.id`, a per-process creation counter -- turned into Exp(1), not the next draw of a
+  stream. SGLang builds its heap from `list(self.evictable_leaves)`, a set ordered by object
+  address, so a stream's draws would land on different leaves in every process: the same trace
+  gave 9,300 / 8,700 / 7,800 cached tokens on three fresh servers with one seed. Keyed by node
+  id, the victims depend only on the seed and the sequence of cache calls: same seed, same trace,
+  same evictions, across restarts and after `/flush_cache` (which restarts the heap-build count).
+  `seed` comes from `--radix-eviction-policy-config '{"seed": S}'` (default 0). With tensor
+  parallelism every rank holds its own tree and must evict identically: they do, as they share
+  the seed and see the same calls.
+* Evidence in the server log: every eviction through the patched cache logs one line
+  `repro-radix evict: policy=<lru|rlt> asked=N evicted=M total=T` (+ RLT's counters:
+  `random=R fallback=F resets=X phase=P`); `eviction_log_stats(log_text)` parses the last one.
 
 How it differs from our tree's node-granularity RLT (`repro.kvcache.RLTEviction`)
 ---------------------------------------------------------------------------------
@@ -76,6 +86,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
+import re
 
 import numpy as np
 
@@ -120,7 +132,7 @@ def _make_strategy_class():
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
                 raise ValueError(f"rlt: 'seed' must be an int, got {seed!r}")
             self.seed = int(seed)
-            self.rng = np.random.default_rng(self.seed)
+            self._seed_hash = _mix64(self.seed & _MASK64)
             self.clear()
 
         def clear(self) -> None:
@@ -168,7 +180,7 @@ def _make_strategy_class():
                 return (1, node.last_access_time)
             epoch = self._epoch
             floor = node._rlt_floor if node._rlt_floor_epoch == epoch else 0.0
-            key = floor + float(self.rng.standard_exponential())
+            key = floor + _exp1(self._seed_hash, epoch, node.id)
             parent = node.parent
             if parent is not None and (parent._rlt_floor_epoch != epoch or parent._rlt_floor < key):
                 # the parent becomes a leaf only after all its children were popped, the last
@@ -190,6 +202,40 @@ def _make_strategy_class():
 
 
 RLTStrategy = None  # the class, built by apply() (it subclasses SGLang's EvictionStrategy)
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit mix (Steele, Lea & Flood 2014)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _exp1(seed_hash: int, epoch: int, node_id: int) -> float:
+    """An Exp(1) variate that is a function of (seed, heap build, node): order-free randomness."""
+    u = (_mix64(_mix64(seed_hash ^ (epoch & _MASK64)) ^ (node_id & _MASK64)) >> 11) * 2.0**-53  # [0, 1)
+    return -math.log1p(-u)
+
+
+EVICT_LOG_PREFIX = "repro-radix evict:"
+_EVICT_LOG_RE = re.compile(re.escape(EVICT_LOG_PREFIX) + r"((?: \w+=\S+)+)")
+
+
+def eviction_log_stats(log_text: str) -> dict | None:
+    """The counters of the last eviction line in a server log (None: the cache never evicted)."""
+    last = None
+    for m in _EVICT_LOG_RE.finditer(log_text):
+        last = m.group(1)
+    if last is None:
+        return None
+    out: dict = {}
+    for item in last.split():
+        k, _, v = item.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
 
 
 def _is_rlt(cache) -> bool:
@@ -242,8 +288,16 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
 
     @functools.wraps(orig_evict)
     def evict(self, params):
-        if self.disable or not _is_rlt(self):
+        if self.disable:
             return orig_evict(self, params)
+        if not _is_rlt(self):
+            result = orig_evict(self, params)
+            if getattr(self, "_repro_log_evictions", False) and result.num_tokens_evicted:
+                self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + result.num_tokens_evicted
+                logger.info("%s policy=%s asked=%d evicted=%d total=%d", EVICT_LOG_PREFIX,
+                            getattr(self.eviction_strategy, "name", type(self.eviction_strategy).__name__).lower(),
+                            params.num_tokens, result.num_tokens_evicted, self._repro_evicted_total)
+            return result
         strategy = self.eviction_strategy
         remaining = params.num_tokens
         evicted = 0
@@ -260,11 +314,18 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
                 break  # nothing evictable left
             evicted += got
             remaining -= got
+        if evicted:
+            self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + evicted
+            logger.info("%s policy=%s asked=%d evicted=%d total=%d random=%d fallback=%d resets=%d phase=%d",
+                        EVICT_LOG_PREFIX, RLT_POLICY_NAME, params.num_tokens, evicted, self._repro_evicted_total,
+                        strategy.random_evicted_tokens, strategy.fallback_evicted_tokens, strategy.resets,
+                        strategy.phase)
         return EvictResult(num_tokens_evicted=evicted)
 
     @functools.wraps(orig_reset)
     def reset(self):
         orig_reset(self)
+        self._repro_evicted_total = 0  # the evidence line counts since the start or the last flush
         if _is_rlt(self):
             self.eviction_strategy.clear()
 
@@ -284,7 +345,9 @@ def _radix_cache_factory(ctx):
     """`--radix-cache-backend repro_radix`: SGLang's plain RadixCache (where the RLT hooks live)."""
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    return RadixCache(ctx.params)
+    cache = RadixCache(ctx.params)
+    cache._repro_log_evictions = True  # the evidence line, for every policy on this backend
+    return cache
 
 
 def apply() -> None:

@@ -17,11 +17,16 @@ Argument handling (everything else is passed to SGLang unchanged):
   Another explicit `--radix-cache-backend`, or `--disable-radix-cache`, is an error.
 * Without `--radix-eviction-policy-config`, `--random-seed S` seeds RLT (`{"seed": S}`);
   otherwise the seed is 0. Every TP rank uses the same seed, so their trees stay identical.
+* `--radix-eviction-policy lru` (or any SGLang policy) adds `--radix-cache-backend repro_radix`
+  too, so the paper's two systems run on the same tree class (SGLang's plain RadixCache) and
+  differ only in the eviction policy; REPRODUCE.md ("SGLang's two radix caches") says why.
 * `--check-spawn` (ours, alone): start one child the way the engine starts a scheduler, print
   what the child sees (is `rlt` registered?) as JSON, exit 0 iff the patch reached it. A
   pre-flight check for GPU nodes; the CPU tests run it too.
 
-Not runnable on a CPU machine beyond `--check-spawn` (SGLang's model runner needs CUDA).
+On a CPU-only machine (hardware=cpu: SGLANG_USE_CPU_ENGINE=1, REPRO_SGLANG_CPU_SHIMS=1) the import
+shims of cpu_shims.py are installed first, here at module level, so the spawned scheduler and
+detokenizer processes get them too; the GPU path never sets REPRO_SGLANG_CPU_SHIMS.
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ import json
 import os
 import sys
 
-from repro.backends.sglang import rlt_patch
+if os.environ.get("REPRO_SGLANG_CPU_SHIMS") == "1":  # hardware=cpu: before anything imports sglang
+    from repro.backends.sglang import cpu_shims
+
+    cpu_shims.install(sgl_kernel=True)
+
+from repro.backends.sglang import rlt_patch  # noqa: E402  (after the shims)
 
 # Module level on purpose (see the docstring): runs again in every spawned SGLang process.
 rlt_patch.apply()
@@ -54,6 +64,8 @@ def build_sglang_argv(argv: list[str]) -> list[str]:
     argv = list(argv)
     policy = _flag_value(argv, "--radix-eviction-policy")
     if policy is None or policy.lower() != rlt_patch.RLT_POLICY_NAME:
+        if "--disable-radix-cache" not in argv and _flag_value(argv, "--radix-cache-backend") is None:
+            argv += ["--radix-cache-backend", rlt_patch.RADIX_BACKEND_NAME]  # the same tree as RLT's
         return argv
     if "--disable-radix-cache" in argv:
         raise SystemExit("error: --radix-eviction-policy rlt needs the radix cache; drop --disable-radix-cache")
