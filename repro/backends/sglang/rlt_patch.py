@@ -55,7 +55,9 @@ What the patched SGLang does (node granularity, as SGLang evicts)
   7,800 cached tokens on three fresh servers with one seed. SGLang's `TreeNode.id` is no cure:
   it counts the nodes a process ever made, flushes included. Keyed by path, the victims depend
   only on the seed and the sequence of cache calls: same seed, same trace, same evictions, across
-  restarts and after `/flush_cache` (which restarts the heap-build count).
+  restarts and after `/flush_cache` (which restarts the heap-build count). The generated tokens
+  enter the tree too, so they must repeat: the benchmark client sends temperature 0 (as
+  sglang.bench_serving does); with sampling, LRU repeats (it reads times, not tokens), RLT does not.
   `seed` comes from `--radix-eviction-policy-config '{"seed": S}'` (default 0). With tensor
   parallelism every rank holds its own tree and must evict identically: they do, as they share
   the seed and see the same calls.
