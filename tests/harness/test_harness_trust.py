@@ -110,6 +110,23 @@ def test_explicit_missing_data_path_is_an_error(tmp_path, monkeypatch, capsys):
         assert code == 2 and "data file not found: /no/such/file" in err, err
 
 
+@pytest.mark.parametrize("overrides", [["router=random"], ["eviction=lru"], ["policy=cache_aware_rlt", "router=lbgr"]])
+def test_a_system_name_that_is_not_what_runs_is_an_error(tmp_path, monkeypatch, capsys, overrides):
+    """Issue 32 point 6: router=random under the default policy lbgr_rlt keeps policy_name LBGR+RLT;
+    figures group by that name, so the cell is refused before anything runs."""
+    code = run_inprocess(tmp_path, "+exp=tiny", *overrides, "--dry-run", monkeypatch=monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and "does not name the router" in err and "policy=" in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_policy_group_names_every_pair_it_composes(tmp_path, monkeypatch, capsys):
+    from hydra_plugins.repro_policies import policies
+
+    names = ",".join(sorted(policies()))
+    assert run_inprocess(tmp_path, "+exp=tiny", f"policy={names}", "--dry-run", monkeypatch=monkeypatch) == 0
+
+
 # -- exit codes, working directory ------------------------------------------------------------
 @pytest.mark.parametrize("override", ["policy=foo", "cluster.num_workerz=3", "cluster.num_workers=four"])
 def test_config_errors_hydra_catches_exit_2(tmp_path, override):
