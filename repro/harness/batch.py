@@ -152,7 +152,7 @@ def _plan(exp: str, overrides: Sequence[str], composer: GridComposer, memo: _Mem
         plain, _ = split_sweep_overrides(ovs)  # as repro.run: sweeps join the grid, not the run config
         with_hydra = compose(config_name="config", overrides=plain, return_hydra_config=True)
         sp = with_hydra.hydra.sweeper.get("params")
-        params = OmegaConf.to_container(sp) if sp is not None else None
+        params = OmegaConf.to_container(sp, resolve=True) if sp is not None else None
         cells = expand_grid(params, ovs)
         compose_cells(cells, composer)
     except ConfigError as exc:
