@@ -17,7 +17,8 @@ EXAMPLE = ROOT / "examples" / "prefix_or_least"
 if str(EXAMPLE) not in sys.path:
     sys.path.insert(0, str(EXAMPLE))
 
-from prefix_or_least import OldestOrRandomEviction, PrefixOrLeastLoadedRouter  # noqa: E402
+from prefix_or_least.eviction import OldestOrRandomEviction  # noqa: E402
+from prefix_or_least.router import PrefixOrLeastLoadedRouter  # noqa: E402
 
 from repro.kvcache import check_eviction_config, make_cache  # noqa: E402
 from tests.routing.fakes import make_request  # noqa: E402
@@ -85,7 +86,7 @@ class ReferenceOldestOrRandom:
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=40), p_random=st.sampled_from([0.0, 0.3, 1.0]),
        seed=st.integers(0, 2**16))
 def test_eviction_matches_its_reference(sizes, p_random, seed):
-    cfg = {"_target_": "prefix_or_least.OldestOrRandomEviction", "name": "oldest_or_random",
+    cfg = {"_target_": "prefix_or_least.eviction.OldestOrRandomEviction", "name": "oldest_or_random",
            "granularity": "node", "p_random": p_random}
     cache = make_cache(12, cfg, seed)
     assert type(cache.policy) is OldestOrRandomEviction and cache.policy.p_random == p_random
@@ -103,7 +104,7 @@ def test_eviction_matches_its_reference(sizes, p_random, seed):
 
 
 def test_the_policy_keeps_its_state_in_the_node_slot_across_splits():
-    cache = make_cache(100, {"_target_": "prefix_or_least.OldestOrRandomEviction", "p_random": 0.0}, 0)
+    cache = make_cache(100, {"_target_": "prefix_or_least.eviction.OldestOrRandomEviction", "p_random": 0.0}, 0)
     cache.insert([1, 2, 3, 4])
     cache.insert([1, 2, 9])  # splits [1,2,3,4] into [1,2] + [3,4]
     leaves = sorted(cache.iter_evictable_leaves(), key=lambda n: n.state)

@@ -51,6 +51,9 @@ _BUILDER_ARGS = ("self", "seed", "trace", "index")
 _BACKEND_GRANULARITIES = {"sglang": ("node",)}
 
 _registry: dict[str, type[EvictionPolicy]] | None = None
+# Out-of-tree policies this process has accepted by `_target_`, by name: an approximate tracker
+# mirrors a worker's policy by name (WorkerView.eviction_policy; with the class's default parameters).
+_named_by_target: dict[str, type[EvictionPolicy]] = {}
 
 
 def _declaration_errors(obj: type) -> list[str]:
@@ -119,13 +122,17 @@ def _resolve(cfg) -> tuple[type[EvictionPolicy] | None, list[str]]:
         why = _declaration_errors(obj)
         if why:
             return None, why
+        if own not in registry and _named_by_target.setdefault(own, obj) is not obj:
+            other = _named_by_target[own]
+            return None, [f"eviction._target_={target!r} is named {own!r}, like {other.__module__}.{other.__qualname__}: "
+                          "two policies cannot share a name"]
         cls = obj
         if name is not None and name != cls.name:
             return None, [f"eviction.name={name!r} contradicts eviction._target_={target!r} (policy {cls.name!r})"]
     elif name is None:
         return None, [f"eviction needs a name: one of {choices}"]
     else:
-        cls = registry.get(name) if isinstance(name, str) else None
+        cls = (registry.get(name) or _named_by_target.get(name)) if isinstance(name, str) else None
         if cls is None:
             return None, [f"unknown eviction policy {name!r}; choose one of {choices}"]
     return cls, []
