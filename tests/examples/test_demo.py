@@ -36,7 +36,7 @@ def _counts(line: str) -> tuple[int, int, int, int]:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("clone") / "repro"
-    subprocess.run(["git", "clone", "-q", "--no-local", str(ROOT), str(out)], check=True, timeout=600)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(out)], check=True, timeout=600)
     return out
 
 
