@@ -231,3 +231,24 @@ def test_the_workload_pool_key_follows_the_same_closure(monkeypatch):
     cache.code_fingerprint("repro.workloads.gsp")
     assert seen == [["repro.workloads.gsp"]]
     assert "repro/workloads/gsp.py" in real(["repro.workloads.gsp"], root_dir=ROOT)["code"]
+
+
+def test_a_same_size_data_edit_with_its_mtime_put_back_is_noticed(tmp_path):
+    """Issue 34 point 7: the memos key on (dev, inode, size, mtime, ctime), not path + size + mtime."""
+    import os
+
+    data = tmp_path / "sharegpt.json"
+    body = '[{"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}]'
+    data.write_text(body)
+    cfg = compose_fixture(["exp=tiny", "workload=sharegpt", f"workload.path={data}", "tracking=disabled"])
+    before = cell_fingerprint(cfg)
+    st = data.stat()
+    probe = tmp_path / "probe"
+    probe.touch()
+    while probe.stat().st_ctime_ns <= st.st_ctime_ns:  # the clock's next tick (coarse on some filesystems)
+        probe.touch()
+    with open(data, "r+") as f:  # same inode, same size, other words
+        f.write(body.replace("hello there", "hello where"))
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (data.stat().st_size, data.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert fp.differences(before, cell_fingerprint(cfg)) == ["data: workload changed"]
