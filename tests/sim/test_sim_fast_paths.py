@@ -158,7 +158,7 @@ def test_a_router_that_uses_text_gets_it_built_outside_its_timed_call():
 @given(a=st.lists(st.integers(-3, 3), min_size=1, max_size=12), b=st.lists(st.integers(-3, 3), min_size=1, max_size=12),
        start=st.integers(0, 11), p=st.integers(0, 12))
 def test_computed_hit_on_keys_equals_token_comparison(a, b, start, p):
-    # _computed_hit compares packed keys; the rule it implements, on token arrays: request i's
+    # computed_hit compares packed keys; the rule it implements, on token arrays: request i's
     # match p is capped at `start` iff p > start and i agrees with the pending prompt on 0..start
     import numpy as np
 
@@ -175,7 +175,7 @@ def test_computed_hit_on_keys_equals_token_comparison(a, b, start, p):
     worker.pending = [(as_key(b), start)]
     ta, tb = np.asarray(a, np.int32), np.asarray(b, np.int32)
     want = start if p > start and start < len(a) and ta[start] == tb[start] and np.array_equal(ta[:start], tb[:start]) else p
-    assert worker._computed_hit(0, p) == want
+    assert worker.computed_hit(0, p) == want
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
