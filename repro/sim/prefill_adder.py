@@ -82,9 +82,6 @@ class PrefillAdder:
             return False
         return match_lock_insert(self.w, i, p)  # memory (NO_TOKEN): head-of-line wait
 
-    def became_chunked(self, i: int, n: int, n_total: int) -> None:
-        """Request i was admitted with only its first chunk (`n` of `n_total` tokens)."""
-
     def commit(self, admitted: list[int]) -> None:
         """The batch's requests were inserted as they were admitted."""
 
@@ -157,7 +154,6 @@ class PrefillAdder:
                 rem_chunk -= n
                 rem_input -= n
                 if n < n_total:  # became the chunked request: the chunk budget is spent
-                    self.became_chunked(i, n, n_total)
                     break
             if admitted:
                 self.commit(admitted)
@@ -227,10 +223,6 @@ class SglangPrefillAdder(PrefillAdder):
         t.lock_node[i] = node
         self.extra += plen - c0 + 1 + out
         return True
-
-    def became_chunked(self, i: int, n: int, n_total: int) -> None:
-        # SGLang reserves a chunk's tokens only, its output with the last chunk
-        self.extra += n - n_total - self.w.table.output_len[i]
 
     def commit(self, admitted: list[int]) -> None:
         """Allocate the batch SGLang-style: evict the shortfall once, then hand the admitted prompts
