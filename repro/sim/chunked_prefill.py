@@ -74,7 +74,7 @@ class PerChunkInsertion:
     def __init__(self, worker: "SimWorker"):
         self.w = worker
         insert_after = getattr(worker.cache, "insert_after", None)  # RadixCache's walk-free verb
-        self._insert_after = insert_after
+        self._insert_after: Any = insert_after
         self.cache_computed = self._insert_below_lock if insert_after is not None else self._insert_prefix
 
     @staticmethod

@@ -58,7 +58,7 @@ class RequestTable:
         n = self.n = len(self.requests)
         self.arrival_s = [float(r.arrival_s) for r in self.requests]
         self.prompt_tokens: list = []
-        self.prompt_key: list[bytes | None] = [None] * n  # while in flight (see the class docstring)
+        self.prompt_key: list[bytes] = [b""] * n  # while in flight, else b"" (see the class docstring)
         self.prompt_len = [int(r.prompt_len) for r in self.requests]
         self.output_len = [int(r.output_len) for r in self.requests]
         nan = float("nan")
@@ -84,7 +84,7 @@ class RequestTable:
     def key(self, i: int) -> bytes:
         """Request i's prompt key, built on first use (dispatch) and kept until it finishes."""
         k = self.prompt_key[i]
-        if k is None:
+        if not k:
             k = self.prompt_key[i] = self.requests[i].prompt_key
         return k
 

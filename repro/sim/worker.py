@@ -13,8 +13,9 @@ from time import perf_counter_ns
 from typing import Any, Callable
 
 from repro.kvcache.keys import TOKEN_BYTES
+from repro.kvcache.protocol import KVCache
 from repro.sim.chunked_prefill import make_chunk_insertion
-from repro.sim.prefill_adder import make_prefill_adder
+from repro.sim.prefill_adder import PrefillPass, make_prefill_adder
 from repro.sim.request_table import RequestTable, SimTimings
 from repro.sim.schedule_policy import make_schedule_policy
 from repro.sim.scheduler_config import NO_CHUNK_LIMIT, SchedulerConfig
@@ -23,6 +24,7 @@ __all__ = ["NO_CHUNK_LIMIT", "Observer", "RequestTable", "SchedulerConfig", "Sim
            "SimWorkerView", "StepInfo"]
 
 _INF = float("inf")
+_NO_PREFILL: PrefillPass = ([], [], 0, 0.0)  # a decode step's prefill part (never changed)
 
 
 # observer(event, worker, info): event "start" (info: StepInfo) or "end" (info: finished indices)
@@ -54,7 +56,7 @@ class SimWorker:
     def __init__(
         self,
         worker_id: int,
-        cache: Any,
+        cache: KVCache,
         cost_model: Any,
         scheduler: SchedulerConfig,
         table: RequestTable,
@@ -138,7 +140,7 @@ class SimWorker:
     def enqueue(self, i: int) -> None:
         t = self.table
         key = t.prompt_key[i]
-        if key is None:
+        if not key:
             key = t.key(i)
         # peek inlined: a request is enqueued once, so its peek is never cached yet
         p = t.peek_len[i] = self.cache.peek_prefix(key)
@@ -186,17 +188,18 @@ class SimWorker:
     # ------------------------------------------------------------------ steps
     def start_step(self, now: float) -> float:
         """Start the next step at `now`; its duration in seconds, or -1.0 if idle."""
-        batch = None
+        prefill = None
         if self.waiting or self.chunked >= 0:
-            batch, admitted, tokens, attn = self.prefill_adder.form_prefill_batch()
-        if batch:
+            prefill = self.prefill_adder.form_prefill_batch()
+        if prefill is not None and prefill[0]:
+            batch, admitted, tokens, attn = prefill
             self._batch = batch
             self.prefill_steps += 1
             decode_batch = context = 0
             dur = self._step_time_s(tokens, attn, 0, 0)
         elif self.n_running:
             self._batch = None
-            batch, admitted, tokens, attn = (), (), 0, 0.0
+            batch, admitted, tokens, attn = _NO_PREFILL
             decode_batch, context = self.n_running, self.context_tokens
             dur = self._decode_time_s(decode_batch, context)
         else:
@@ -215,13 +218,14 @@ class SimWorker:
 
     def end_step(self, now: float) -> list[int]:
         """Apply the effects of the step ending at `now`; return the requests it finished."""
-        done = self._end_prefill(now) if self._batch is not None else self._end_decode(now)
+        batch = self._batch
+        done = self._end_prefill(now, batch) if batch is not None else self._end_decode(now)
         self.busy = False
         if self.observer is not None:
             self.observer("end", self, tuple(done))
         return done
 
-    def _end_prefill(self, now: float) -> list[int]:
+    def _end_prefill(self, now: float, batch: list[tuple[int, int]]) -> list[int]:
         t = self.table
         done: list[int] = []
         prefilled, clen = t.prefilled, t.compute_len
@@ -229,7 +233,7 @@ class SimWorker:
         insertion = self.chunk_insertion
         insertion.begin_prefill_end()
         cache_computed = insertion.cache_computed
-        for i, n in self._batch:
+        for i, n in batch:
             pf = prefilled[i] + n
             prefilled[i] = pf
             cache_computed(i, pf)
