@@ -3,7 +3,7 @@
 `whole`: the whole prompt is inserted (and its KV taken) when its batch is formed. `per_chunk` (needs
 exact budgets): a batch allocates only what its step computes, and when the step ends each prompt goes
 into the tree as far as computed, its lock moved there (SGLang's `cache_unfinished_req`).
-docs/ALGORITHMS.md (scheduler) has the reasoning.
+docs/ALGORITHMS.md §7 has the reasoning.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 `PrefillAdder` is the pass with every SGLang-exact switch off (admission matches, evicts and inserts
 request by request); `SglangPrefillAdder` is SGLang's admission arithmetic (`exact_budgets`).
-`make_prefill_adder` picks one per worker; docs/ALGORITHMS.md (scheduler) has the rules.
+`make_prefill_adder` picks one per worker; docs/ALGORITHMS.md §7 has the rules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The waiting queue's order at a prefill pass (SGLang's `SchedulePolicy.calc_priority`), one class per mode.
 
-`make_schedule_policy` picks the class once per worker; docs/ALGORITHMS.md (scheduler) has the rules.
+`make_schedule_policy` picks the class once per worker; docs/ALGORITHMS.md §7 has the rules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The scheduler knobs of one simulated worker (`cluster.scheduler`): SGLang's server-arg names and defaults.
 
-What each knob and SGLang-exact switch does: docs/ALGORITHMS.md (scheduler) and the strategy modules
+What each knob and SGLang-exact switch does: docs/ALGORITHMS.md §7 and the strategy modules
 (schedule_policy, prefill_adder, chunked_prefill).
 """
 

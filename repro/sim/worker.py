@@ -3,7 +3,7 @@
 The step loop and the worker's bookkeeping live here; the scheduler's modes are strategies chosen
 once per worker: the queue order (`schedule_policy`), admission into a prefill batch
 (`prefill_adder`), when prompts enter the tree (`chunked_prefill`). What is reproduced, every
-SGLang-exact switch and every simplification: docs/ALGORITHMS.md (scheduler).
+SGLang-exact switch and every simplification: docs/ALGORITHMS.md §7.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A slow, direct re-statement of the simulator's semantics (docs/ALGORITHMS.md, scheduler), for tests.
+"""A slow, direct re-statement of the simulator's semantics (docs/ALGORITHMS.md §7), for tests.
 
 Every scheduler mode: the switches off, and SGLang's exact admission arithmetic with either chunk
 insertion (the default: per_chunk), the in-batch rule and ranking by match. No incremental
