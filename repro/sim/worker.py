@@ -117,6 +117,19 @@ class SimWorker:
         self.chunk_insertion = make_chunk_insertion(self, scheduler)
         self.prefill_adder = make_prefill_adder(self, scheduler)
 
+    # ------------------------------------------------------------------ knobs (the emulated worker's /server_info)
+    @property
+    def lpm(self) -> bool:
+        return self.config.schedule_policy == "lpm"
+
+    @property
+    def max_running(self) -> int:
+        return self.config.max_running_requests
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        return self.config.max_prefill_tokens
+
     # ------------------------------------------------------------------ router-visible state
     @property
     def in_flight(self) -> int:
