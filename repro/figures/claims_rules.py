@@ -315,7 +315,7 @@ def timely_decay(name: str, metric: str):
         x = "router.decay_interval_s"
         m = metric
         checks = Checks()
-        for label, g in points(agg):
+        for _label, g in points(agg):
             for s in sorted(set(g[SYSTEM])):
                 line = g[(g[SYSTEM] == s) & g[x].notna()].sort_values(x)
                 if len(line) < 2:

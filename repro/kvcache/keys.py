@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+TOKEN_BYTES = 4  # a key holds each token id as one native int32
 _NDARRAY = np.ndarray
 _INT32 = np.dtype(np.int32)
 _INT32_MIN = -(2**31)
@@ -46,6 +47,16 @@ def as_key(tokens) -> bytes:
     if int(arr.min()) < _INT32_MIN or int(arr.max()) > _INT32_MAX:
         raise ValueError("token ids must fit in int32")
     return arr.astype(np.int32).tobytes()
+
+
+def key_prefix(key: bytes, n_tokens: int) -> bytes:
+    """The key of the first `n_tokens` tokens of `key`."""
+    return key[: n_tokens * TOKEN_BYTES]
+
+
+def key_slice(key: bytes, start: int, stop: int) -> bytes:
+    """The key of tokens start..stop-1 of `key`."""
+    return key[start * TOKEN_BYTES : stop * TOKEN_BYTES]
 
 
 def key_to_tokens(key: bytes) -> np.ndarray:

@@ -215,23 +215,8 @@ class RadixCache:
     def peek_prefix(self, tokens) -> int:
         """Longest cached prefix, read-only: no split, no stamp, no mark (what routers call)."""
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
-        node = self.root
-        pos = 0
-        end = len(key)
-        while pos < end:
-            child = node.children.get(key[pos : pos + 4])
-            if child is None:
-                break
-            ck = child.key
-            nb = child.n << 2
-            if len(ck) != nb:
-                ck = child.key = ck[:nb]  # representation only; the cached tokens are unchanged
-            if key.startswith(ck, pos):
-                pos += nb
-                node = child
-            else:
-                return (pos + common_prefix_len(key, pos, ck)) >> 2
-        return pos >> 2
+        _, pos, _, m = self._walk(key)
+        return (pos + m) >> 2
 
     def _split(self, child: Node, k: int) -> Node:
         """Split `child` after its first k tokens; the new upper node is returned, `child` keeps the rest."""
@@ -298,38 +283,15 @@ class RadixCache:
     def match_prefix(self, tokens) -> MatchResult:
         """Longest cached prefix; an access (stamps and marks the matched tokens); splits at the boundary."""
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
-        # _walk and _touch inlined (the hottest verb)
-        children = self.root.children
-        pos = 0
-        end = len(key)
-        path = []
-        child = None
-        while pos < end:
-            c = children.get(key[pos : pos + 4])
-            if c is None:
-                break
-            ck = c.key
-            nb = c.n << 2
-            if len(ck) != nb:  # lazily applied token-granularity truncation
-                ck = c.key = ck[:nb]
-            if key.startswith(ck, pos):
-                path.append(c)
-                pos += nb
-                children = c.children
-            else:
-                child = c
-                m = common_prefix_len(key, pos, ck)
-                path.append(self._split(child, m >> 2))
-                pos += m
-                break
+        path, pos, child, m = self._walk(key)
+        if child is not None:
+            path.append(self._split(child, m >> 2))
+            pos += m
         if not path:
             return _tuple_new(MatchResult, (0, self.root))
         length = pos >> 2
         base = self.clock
-        touch = self.policy.touch
-        for node in path:
-            node.stamp = base + node.depth
-            touch(node)
+        self._touch(path, base)
         self.clock = base + length
         if child is not None and self.granularity == "node":
             self._stamp_split_remainder(child, path[-1])
@@ -359,10 +321,7 @@ class RadixCache:
             pos += m
         base = self.clock
         if path:
-            touch = self.policy.touch
-            for node in path:
-                node.stamp = base + node.depth
-                touch(node)
+            self._touch(path, base)
             if child is not None and self.granularity == "node":
                 self._stamp_split_remainder(child, path[-1])
         last = path[-1] if path else self.root
@@ -399,12 +358,8 @@ class RadixCache:
             return _tuple_new(MatchResult, (0, root))
         if node.parent is None:
             raise ValueError("access_path on an evicted node; use a node returned by a recent match/insert")
-        path = self._ancestry(node)
         base = self.clock
-        touch = self.policy.touch
-        for a in path:
-            a.stamp = base + a.depth
-            touch(a)
+        self._touch(self._ancestry(node), base)
         self.clock = base + node.depth
         return _tuple_new(MatchResult, (node.depth, node))
 

@@ -212,7 +212,7 @@ def read_trace(path: str) -> list[bytes]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"tokens\": [int, ...]}}")
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"tokens\": [int, ...]}}") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("tokens"), list):
                 raise ValueError(f"{path}:{lineno}: expected an object {{\"tokens\": [int, ...]}}")
             toks = obj["tokens"]
@@ -223,7 +223,7 @@ def read_trace(path: str) -> list[bytes]:
             try:
                 keys.append(as_key(np.asarray(toks, dtype=np.int64)))
             except (ValueError, OverflowError) as e:
-                raise ValueError(f"{path}:{lineno}: {e}")
+                raise ValueError(f"{path}:{lineno}: {e}") from None
     if not keys:
         raise ValueError(f"{path}: no paths in the trace")
     return keys

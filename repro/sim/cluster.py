@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from repro.kvcache.protocol import KVCache
 from repro.metrics import RECORD_COLUMNS
 from repro.routing.base import offer_request_key, offer_request_text
 from repro.sim.worker import Observer, RequestTable, SchedulerConfig, SimTimings, SimWorker, SimWorkerView
@@ -59,7 +60,7 @@ class SimCluster:
     def __init__(
         self,
         requests: Sequence["Request"],
-        caches: Sequence[Any],
+        caches: Sequence[KVCache],
         cost_model: Any,
         router: "Router",
         scheduler: SchedulerConfig,
@@ -130,7 +131,7 @@ class SimCluster:
                         a = arrival[i]
                         req = reqs[i]
                         offer_request_key(req, keys[i])
-                        keys[i] = None  # the request is no longer in flight: its key goes
+                        keys[i] = b""  # the request is no longer in flight: its key goes
                         t0 = perf_counter_ns()
                         complete(req, w, finish[i] - a, first[i] - a, cached[i], now)
                         tm.complete_ns += perf_counter_ns() - t0

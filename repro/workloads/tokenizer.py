@@ -240,7 +240,7 @@ class Llama3Tokenizer:
     def tok(self):
         if self._tok is None:
             try:
-                from tokenizers import Tokenizer
+                import tokenizers  # noqa: F401  (only whether it is installed)
             except ImportError as exc:  # pragma: no cover - a dependency of the package
                 raise ImportError("tokenizer.kind=llama3 needs the `tokenizers` package") from exc
             self._tok = _load_tokenizers_file(str(self.file))

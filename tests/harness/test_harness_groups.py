@@ -1,11 +1,8 @@
 """Every option of every config group in conf/ composes and builds (router instantiated, eviction
 policy, cost model, KV capacity, workload, backend importable) — checked through the same deep
-validation the harness runs before a sweep. A backend whose run_cell is not on this branch yet
-is skipped with the reason."""
+validation the harness runs before a sweep."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,25 +13,6 @@ from tests.harness.helpers import ROOT
 
 GROUPS = ("model", "hardware", "workload", "router", "eviction", "policy", "backend", "tracking")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
-# Which package must be on the branch for a group's options to be buildable.
-NEEDS = {
-    "model": "repro.costmodel:StepCostModel",
-    "hardware": "repro.costmodel:StepCostModel",
-    "workload": "repro.workloads:build_workload",
-    "router": "repro.routing:Router",
-    "eviction": "repro.kvcache:make_cache",
-    "policy": "repro.kvcache:make_cache",
-}
-
-
-def _available(spec: str) -> bool:
-    module, _, name = spec.partition(":")
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
-
-
 def compose_option(group: str, option: str) -> dict:
     import repro.harness.schema  # noqa: F401
 
@@ -59,20 +37,13 @@ def test_the_harness_groups_exist():
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_group_option_builds(group, option):
-    if group in NEEDS and not _available(NEEDS[group]):
-        pytest.skip(f"{NEEDS[group]} is not on this branch yet")
     cfg = compose_option(group, option)
     if group == "tracking":
         assert cfg["tracking"]["mode"] == option
     if group == "backend":
         from repro.backends import get_backend
 
-        try:
-            get_backend(cfg["backend"]["name"])
-        except Exception as exc:  # the backend's run_cell is not on this branch yet
-            if option == "theory":
-                raise
-            pytest.skip(f"backend {option} is not available here: {exc}")
+        get_backend(cfg["backend"]["name"])
         if option == "theory":
             cfg["theory"] = {"panel": "thm5", "x": 4, "policy": "rlt", "quick": True}
     assert cell_errors(cfg, deep=True) == []

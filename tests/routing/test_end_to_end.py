@@ -1,14 +1,11 @@
-"""Each policy runs a small simulated experiment end to end (Hydra config -> repro.backends.sim).
-
-Skipped until the simulator (repro.backends.sim) and the KV cache (repro.kvcache.make_cache)
-are on this branch.
-"""
+"""Each policy runs a small simulated experiment end to end (Hydra config -> repro.backends.sim)."""
 
 from __future__ import annotations
 
 import pytest
 from hydra import compose, initialize_config_dir
 
+from repro.backends.sim import run_cell
 from tests.routing.test_configs import POLICIES
 
 NUM_QUERIES = 48
@@ -24,15 +21,6 @@ SMALL_CELL = [
 ]
 
 
-def _run_cell():
-    try:
-        from repro.backends.sim import run_cell
-        from repro.kvcache import make_cache  # noqa: F401
-    except ImportError:
-        pytest.skip("the simulator backend or repro.kvcache.make_cache is not on this branch yet")
-    return run_cell
-
-
 def _cell(conf_dir, policy, extra=()):
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         return compose(config_name="config", overrides=[f"policy={policy}", *SMALL_CELL, *extra])
@@ -40,7 +28,6 @@ def _cell(conf_dir, policy, extra=()):
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_policy_runs_a_simulated_cell_end_to_end(conf_dir, policy):
-    run_cell = _run_cell()
     cfg = _cell(conf_dir, policy)
     result = run_cell(cfg)
     rec = result.records
@@ -53,7 +40,6 @@ def test_policy_runs_a_simulated_cell_end_to_end(conf_dir, policy):
 
 
 def test_lbgr_ablations_run_end_to_end(conf_dir):
-    run_cell = _run_cell()
     for extra in (
         ["router.tracker=exact"],
         ["router.decay=drain", "router.learner=sgd"],

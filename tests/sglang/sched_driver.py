@@ -17,7 +17,7 @@ with its conditions in SGLang's order. Requests are `ignore_eos` (what our SGLan
 repro/backends/sglang/protocol.py), so their output is reserved in full (ratio 1.0).
 
 Our side (`ours_decide`): a SimWorker put into the same state through its own admission path
-(repro.kvcache tree), then `_form_prefill_batch()`.
+(repro.kvcache tree), then `prefill_adder.form_prefill_batch()`.
 
 A `Decision`: the ranked waiting order, the admitted requests with the cached prefix each is
 credited with (SGLang's `prefix_len`; ours: the compute start) and the tokens each prefills this
@@ -243,10 +243,13 @@ class _NullCost:
 
 def _restore(w, running, chunked) -> None:
     """Put SimWorker `w` into the state: running requests and the chunked one admitted through its
-    own admission path (`_admit`: match, lock, insert, reserve), then marked running / mid-prefill."""
+    own admission path (`match_lock_insert`: match, lock, insert, reserve), then marked running / mid-prefill."""
+    from repro.sim.prefill_adder import match_lock_insert
+
     t = w.table
+    per_chunk = w.config.chunk_insertion == "per_chunk"
     for i, gen in running:
-        assert w._admit(i, w.cache.peek_prefix(t.key(i))), "state does not fit"
+        assert match_lock_insert(w, i, w.cache.peek_prefix(t.key(i))), "state does not fit"
         w.n_admitted += 1
         w.n_running += 1
         t.compute_len[i] = t.prefilled[i] = t.prompt_len[i]
@@ -256,20 +259,20 @@ def _restore(w, running, chunked) -> None:
         w._finish_at.setdefault(w.decode_steps + t.output_len[i] - gen, []).append(i)
     if chunked is not None:
         i, done = chunked
-        if w.per_chunk:  # as after its last step: the computed prefix in the tree, locked; output reserved
+        if per_chunk:  # as after its last step: the computed prefix in the tree, locked; output reserved
             node = w.cache.insert(t.key(i)[: done << 2]).last_node
             w.cache.inc_lock_ref(node)
             t.lock_node[i] = node
             w.reserved_tokens += t.output_len[i]
         else:
-            assert w._admit(i, w.cache.peek_prefix(t.key(i))), "state does not fit"
+            assert match_lock_insert(w, i, w.cache.peek_prefix(t.key(i))), "state does not fit"
         w.n_admitted += 1
         w.active_kv_tokens += t.prompt_len[i]
         t.compute_start[i] = 0
         t.compute_len[i] = t.prompt_len[i]
         t.prefilled[i] = done
         w.chunked = i
-        w.pending = [] if w.per_chunk else [(t.key(i), done)]
+        w.pending = [] if per_chunk else [(t.key(i), done)]
 
 
 EXACT = dict(in_batch_prefix_caching=True, lpm_rank_access="match", exact_budgets=True, chunk_insertion="per_chunk")
@@ -308,9 +311,9 @@ def ours_decide(state: SchedState, **modes) -> Decision:
         w.enqueue(base + j)
     w.last_ranked = None
     held = (int(cache.total_size()), int(cache.evictable_size()))
-    batch, admitted, _, _ = w._form_prefill_batch()
+    batch, admitted, _, _ = w.prefill_adder.form_prefill_batch()
     if w.last_ranked is None:  # not ranked this pass: SGLang's queue keeps its order
-        w.last_ranked = list(w.waiting) if w.rank_sglang_times or not w.waiting else w._ranked_waiting()
+        w.last_ranked = list(w.waiting) if w.prefill_adder.rank_every_pass or not w.waiting else w.schedule_policy.ranked()
     order = [i - base for i in w.last_ranked]
     chunk_continue = None
     rows = dict(batch)

@@ -1,18 +1,22 @@
-"""A slow, direct re-statement of the simulator's semantics (repro/sim docstrings), for tests.
+"""A slow, direct re-statement of the simulator's semantics (docs/ALGORITHMS.md §7), for tests.
 
-No incremental bookkeeping: every step recomputes the running batch, its context, which
-requests finish, and which tree tokens are not computed yet (kept as a set of token-prefix
-tuples) from per-request state. The fast SimCluster must produce identical records.
+Every scheduler mode: the switches off, and SGLang's exact admission arithmetic with either chunk
+insertion (the default: per_chunk), the in-batch rule and ranking by match. No incremental
+bookkeeping: every step recomputes the running batch, its context, which requests finish, and
+which tree tokens are not computed yet (kept as a set of token-prefix tuples) from per-request
+state; no peek caching, no walk-free verbs, no strategy objects. The fast SimCluster must produce
+identical records and router views.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from repro.sim.worker import SchedulerConfig
+from repro.sim.scheduler_config import NO_CHUNK_LIMIT, SchedulerConfig
 
 
 @dataclass
@@ -40,6 +44,7 @@ class _Worker:
     chunked: int | None = None
     reserved: int = 0
     uncomputed: set = field(default_factory=set)
+    alloc: int = 0  # per_chunk: KV allocated by the running prefill step, in the tree when it ends
     step: object = None  # ("prefill", [(i, n)]) or ("decode", [i...]) while busy
     end: float = math.inf
     start_seq: int = -1
@@ -52,6 +57,9 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
     ]
     W = [_Worker(c) for c in caches]
     chunk = sched.chunk_limit
+    exact = sched.exact_budgets
+    rank_match = sched.lpm_rank_access == "match"
+    per_chunk = sched.chunk_insertion == "per_chunk"
 
     class View:  # the router-visible state, recomputed from scratch on every read
         def __init__(self, k):
@@ -78,7 +86,8 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
 
         @property
         def kv_used_tokens(self):
-            return W[self.worker_id].cache.total_size() + sum(q.generated for q in self._mine("running"))
+            w = W[self.worker_id]
+            return w.cache.total_size() + w.alloc + sum(q.generated for q in self._mine("running"))
 
         @property
         def kv_capacity_tokens(self):
@@ -94,69 +103,157 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                 return j - 1
         return p
 
+    def rank(w):
+        """The queue's order at a pass (SGLang's calc_priority with the switches; plain lpm without them)."""
+        order = list(w.queue)
+        if sched.schedule_policy != "lpm" or len(order) > sched.lpm_max_queue:
+            return order
+        if not (sched.in_batch_prefix_caching or rank_match or exact):  # plain lpm: read-only peeks
+            if len(order) >= 2:
+                hits = {i: computed_hit(w, R[i].prompt) for i in order}
+                order.sort(key=lambda i: -hits[i])
+            return order
+        if len(order) < 2 and not rank_match:
+            return order
+        keys, seen = {}, set()
+        for i in order:  # in queue order: the matches are accesses, the in-batch rule looks back
+            q = R[i]
+            if rank_match:
+                w.cache.match_prefix(np.array(q.prompt, dtype=np.int32))
+            h = computed_hit(w, q.prompt)
+            k = -h
+            if exact and h >= len(q.prompt):  # SGLang's match is capped at len - 1
+                k = 1 - len(q.prompt)
+            if sched.in_batch_prefix_caching and h <= 32 and len(q.prompt) >= 32:
+                # a short hit that shares its first 32 tokens with an earlier such request goes last
+                if q.prompt[:32] in seen:
+                    k = sys.maxsize
+                seen.add(q.prompt[:32])
+            keys[i] = k
+        order.sort(key=lambda i: keys[i])
+        if exact:  # SGLang sorts its queue in place: the order persists
+            w.queue = list(order)
+        return order
+
+    def admit_plain(w, q, key, p):
+        """Match, lock, evict, insert the prompt, one request at a time; False if it cannot fit."""
+        cap = w.cache.capacity_tokens
+        P = len(q.prompt)
+        need = P - p + q.out
+        free = cap - w.cache.total_size() - w.reserved
+        if need <= free:
+            w.cache.match_prefix(key)
+            q.node = w.cache.insert(key).last_node
+            w.cache.inc_lock_ref(q.node)
+        else:
+            ev = w.cache.evictable_size()
+            if need > free + ev:
+                return False
+            unsure = need > free + ev - p
+            m = w.cache.match_prefix(key)
+            w.cache.inc_lock_ref(m.last_node)
+            need = P - m.length + q.out
+            if unsure and need > free + w.cache.evictable_size():
+                w.cache.dec_lock_ref(m.last_node)
+                return False
+            w.cache.evict(need - free)
+            assert cap - w.cache.total_size() - w.reserved >= need
+            q.node = w.cache.insert(key).last_node
+            w.cache.inc_lock_ref(q.node)
+            w.cache.dec_lock_ref(m.last_node)
+        w.reserved += q.out
+        return True
+
+    def commit_exact(w, admitted, phys):
+        """SGLang allocates the batch: one eviction for the shortfall, then the prompts (whole) or
+        only what the step computes (per_chunk: the prompts enter the tree when the step ends)."""
+        cap = w.cache.capacity_tokens
+        free = cap - w.cache.total_size() - w.reserved
+        if phys > free:
+            w.cache.evict(phys - free)
+            assert cap - w.cache.total_size() - w.reserved >= phys
+        if per_chunk:
+            outs = sum(R[i].out for i in admitted)
+            w.reserved += outs
+            w.alloc = phys - outs
+            return
+        for i in admitted:
+            q = R[i]
+            node = w.cache.insert(np.array(q.prompt, dtype=np.int32)).last_node
+            w.cache.inc_lock_ref(node)
+            w.cache.dec_lock_ref(q.node)
+            q.node = node
+            w.reserved += q.out
+
     def form_batch(w):
         cap = w.cache.capacity_tokens
         rem_chunk, rem_input = chunk, sched.max_prefill_tokens
         n_running = sum(1 for q in R if q.phase == "running" and W[q.worker] is w)
         slots = sched.max_running_requests - n_running
         batch = []
+        admitted = []
+        extra = phys = 0  # exact: SGLang's reservations of this pass not yet in our tree; KV it allocates
         if w.chunked is not None:
             q = R[w.chunked]
-            n = min(q.n_total - q.prefilled, rem_chunk)
+            rest = q.n_total - q.prefilled
+            n = min(rest, rem_chunk)
             batch.append((w.chunked, n))
             rem_chunk -= n
             rem_input -= n
-        if not w.queue or rem_chunk <= 0 or rem_input <= 0 or len(batch) >= slots:
-            return batch
-        order = list(w.queue)
-        if sched.schedule_policy == "lpm" and 2 <= len(order) <= sched.lpm_max_queue:
-            hits = {i: computed_hit(w, R[i].prompt) for i in order}
-            order.sort(key=lambda i: -hits[i])
-        for i in order:
-            if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
-                break
-            q = R[i]
-            P = len(q.prompt)
-            key = np.array(q.prompt, dtype=np.int32)
-            p = w.cache.peek_prefix(key)
-            h = computed_hit(w, q.prompt)
-            c0 = min(h, P - 1)
-            n_total = P - c0
-            if batch and n_total >= rem_input:
-                break
-            need = P - p + q.out
-            free = cap - w.cache.total_size() - w.reserved
-            if need <= free:
-                w.cache.match_prefix(key)
-                q.node = w.cache.insert(key).last_node
-                w.cache.inc_lock_ref(q.node)
+            # SGLang reserves the chunk + 1 page, the output with the last chunk
+            extra = n + 1 + (q.out if n == rest else 0) - q.out
+            if per_chunk:
+                phys = n
             else:
-                ev = w.cache.evictable_size()
-                if need > free + ev:
+                extra -= rest  # our tree holds the rest already
+        order = None
+        if w.queue and (exact or rank_match) and (slots > 0 or w.chunked is not None):
+            order = rank(w)  # SGLang ranks at every pass
+        if w.queue and rem_chunk > 0 and rem_input > 0 and len(batch) < slots:
+            if order is None:
+                order = rank(w)
+            for i in order:
+                if len(batch) >= slots or rem_chunk <= 0 or rem_input <= 0:
                     break
-                unsure = need > free + ev - p
-                m = w.cache.match_prefix(key)
-                w.cache.inc_lock_ref(m.last_node)
-                need = P - m.length + q.out
-                if unsure and need > free + w.cache.evictable_size():
-                    w.cache.dec_lock_ref(m.last_node)
+                q = R[i]
+                P = len(q.prompt)
+                key = np.array(q.prompt, dtype=np.int32)
+                p = w.cache.peek_prefix(key)
+                h = computed_hit(w, q.prompt)
+                c0 = min(h, P - 1)
+                n_total = P - c0
+                if exact:
+                    if chunk == NO_CHUNK_LIMIT and batch and n_total >= rem_input:
+                        break
+                    want = P - c0 + q.out + 1 + extra
+                    new = min(P - p, rem_chunk) if per_chunk else P - p
+                    phys_i = phys + new + q.out
+                    node = w.cache.match_prefix(key[: P - 1]).last_node
+                    w.cache.inc_lock_ref(node)
+                    room = cap - w.cache.total_size() - w.reserved + w.cache.evictable_size()
+                    if want >= room or phys_i > room:
+                        w.cache.dec_lock_ref(node)
+                        break
+                    q.node, phys = node, phys_i
+                    extra += P - c0 + 1 + q.out
+                else:
+                    if batch and n_total >= rem_input:
+                        break
+                    if not admit_plain(w, q, key, p):
+                        break
+                admitted.append(i)
+                w.queue.remove(i)
+                q.phase, q.hit, q.c0, q.n_total, q.prefilled = "prefill", h, c0, n_total, 0
+                for j in range(h + 1, P + 1):
+                    w.uncomputed.add(q.prompt[:j])
+                n = min(n_total, rem_chunk)
+                batch.append((i, n))
+                rem_chunk -= n
+                rem_input -= n
+                if n < n_total:
                     break
-                w.cache.evict(need - free)
-                assert cap - w.cache.total_size() - w.reserved >= need
-                q.node = w.cache.insert(key).last_node
-                w.cache.inc_lock_ref(q.node)
-                w.cache.dec_lock_ref(m.last_node)
-            w.reserved += q.out
-            w.queue.remove(i)
-            q.phase, q.hit, q.c0, q.n_total, q.prefilled = "prefill", h, c0, n_total, 0
-            for j in range(h + 1, P + 1):
-                w.uncomputed.add(q.prompt[:j])
-            n = min(n_total, rem_chunk)
-            batch.append((i, n))
-            rem_chunk -= n
-            rem_input -= n
-            if n < n_total:
-                break
+        if exact and (admitted or (per_chunk and w.chunked is not None)):
+            commit_exact(w, admitted, phys)
         return batch
 
     def start(w, now, seq):
@@ -192,9 +289,15 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
         finished = []
         if kind == "prefill":
             w.chunked = None
+            w.alloc = 0
             for i, n in items:
                 q = R[i]
                 q.prefilled += n
+                if per_chunk:  # the prompt as far as computed into the tree, the lock moved to its end
+                    node = w.cache.insert(np.array(q.prompt[: q.c0 + q.prefilled], dtype=np.int32)).last_node
+                    w.cache.inc_lock_ref(node)
+                    w.cache.dec_lock_ref(q.node)
+                    q.node = node
                 if q.prefilled < q.n_total:
                     w.chunked = i
                     continue
@@ -202,7 +305,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                 if q.out == 1:
                     finish(w, i, now, finished)
             w.uncomputed = set()
-            if w.chunked is not None:
+            if w.chunked is not None and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
                 q = R[w.chunked]
                 for j in range(q.c0 + q.prefilled + 1, len(q.prompt) + 1):
                     w.uncomputed.add(q.prompt[:j])

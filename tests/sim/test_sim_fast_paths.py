@@ -60,7 +60,7 @@ def test_fast_paths_equal_plain_contract(cell, policy, gran):
         used = caches if fast else [PlainCache(c) for c in caches]
         sim = SimCluster(reqs, used, COST if fast else PlainCost(COST), RoundRobinRouter(), sched, policy, seed)
         res = sim.run()
-        assert all(k is None for k in sim.table.prompt_key), "keys are dropped when requests finish"
+        assert not any(sim.table.prompt_key), "keys are dropped when requests finish"
         out.append((res.records, res.stats, [tree(c) for c in caches]))
     pd.testing.assert_frame_equal(out[0][0], out[1][0], check_exact=True)
     assert out[0][1:] == out[1][1:]
@@ -112,7 +112,7 @@ def test_routers_get_the_prompt_key_the_cluster_built():
     sim = SimCluster(reqs, caches, COST, KeyRouter(), SchedulerConfig(), "lru", 0)
     sim.run()
     assert len(seen) == 2 * len(reqs) and all(ok for _, _, ok in seen)
-    assert all(k is None for k in sim.table.prompt_key)
+    assert not any(sim.table.prompt_key)
     offer_request_key(reqs[0], b"\0\0\0\0")
     assert request_key(reqs[0]) == b"\0\0\0\0"  # the driver's promise is taken as is
     assert request_key(reqs[1]) == as_key(reqs[1].prompt_tokens)  # another request: computed
@@ -158,7 +158,7 @@ def test_a_router_that_uses_text_gets_it_built_outside_its_timed_call():
 @given(a=st.lists(st.integers(-3, 3), min_size=1, max_size=12), b=st.lists(st.integers(-3, 3), min_size=1, max_size=12),
        start=st.integers(0, 11), p=st.integers(0, 12))
 def test_computed_hit_on_keys_equals_token_comparison(a, b, start, p):
-    # _computed_hit compares packed keys; the rule it implements, on token arrays: request i's
+    # computed_hit compares packed keys; the rule it implements, on token arrays: request i's
     # match p is capped at `start` iff p > start and i agrees with the pending prompt on 0..start
     import numpy as np
 
@@ -175,7 +175,7 @@ def test_computed_hit_on_keys_equals_token_comparison(a, b, start, p):
     worker.pending = [(as_key(b), start)]
     ta, tb = np.asarray(a, np.int32), np.asarray(b, np.int32)
     want = start if p > start and start < len(a) and ta[start] == tb[start] and np.array_equal(ta[:start], tb[:start]) else p
-    assert worker._computed_hit(0, p) == want
+    assert worker.computed_hit(0, p) == want
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -8,6 +8,7 @@ schedule policies, several routers.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from tests.sim.sim_fakes import (
     TrieCache,
     ViewRecorder,
     gsp_requests,
+    make_request,
 )
 
 ROUTERS = (RoundRobinRouter, RandomRouter, LeastLoadedRouter)
@@ -42,14 +44,24 @@ def cells(draw, exact_ok: bool = True):
         output_len=(1, draw(st.integers(1, 6))),
         rate=draw(st.sampled_from([1.0, 20.0, 500.0])),
     )
-    # exact: the SGLang-exact scheduler (the defaults); simple: every switch off (what the
-    # reference simulator restates; the exact mode is checked against SGLang in tests/sglang)
+    # exact: SGLang's admission arithmetic (the default, with either chunk insertion); the other
+    # switches drawn too, so every mode the reference simulator restates is reached
     exact = draw(st.booleans()) if exact_ok else False
+    switches = (
+        dict(
+            exact_budgets=exact,
+            chunk_insertion=draw(st.sampled_from(["per_chunk", "whole"])) if exact else "whole",
+            in_batch_prefix_caching=draw(st.booleans()),
+            lpm_rank_access=draw(st.sampled_from(["match", "peek"])),
+        )
+        if exact_ok
+        else SIMPLE
+    )
     biggest = max(len(r.prompt_tokens) + r.output_len for r in reqs) + (2 if exact else 0)
     m = draw(st.integers(1, 3))
     caps = [biggest + draw(st.integers(0, 3 * biggest)) for _ in range(m)]
     sched = SchedulerConfig(
-        **({"chunk_insertion": draw(st.sampled_from(["per_chunk", "whole"]))} if exact else SIMPLE),
+        **switches,
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
         max_running_requests=draw(st.integers(1, 6)),
         max_prefill_tokens=draw(st.integers(1, 80)),
@@ -160,7 +172,60 @@ def test_invariants_on_random_cells(cell):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cells(exact_ok=False))
 def test_fast_simulator_matches_the_reference_records_and_views(cell):
-    """Identical records, and identical router-visible worker state at every decision."""
+    """Identical records, and identical router-visible worker state at every decision, with the
+    SGLang-exact switches off (the exact modes: the xfail test below)."""
+    assert_matches_reference(*cell)
+
+
+@st.composite
+def default_mode_cells(draw):
+    """Cells for the default (SGLang-exact) scheduler where its rules bite: bursts that queue several
+    requests behind small batches, system prompts longer than the in-batch threshold of 32 tokens and
+    short questions (prompts that share 32-token heads), repeated prompts (fully cached: SGLang caps
+    the match at len - 1), KV capacities near the largest request."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    reqs = gsp_requests(
+        seed,
+        num_groups=draw(st.integers(2, 4)),
+        per_group=draw(st.integers(2, 6)),
+        system_len=(draw(st.integers(24, 40)), 48),
+        question_len=(1, draw(st.integers(1, 4))),
+        output_len=(1, draw(st.integers(1, 6))),
+        rate=draw(st.sampled_from([50.0, 5000.0, 5000.0])),
+    )
+    repeat = draw(st.sampled_from([0.0, 0.3]))
+    rng = np.random.default_rng(seed)
+    for k in range(1, len(reqs)):  # some requests repeat an earlier prompt
+        if rng.random() < repeat:
+            r = reqs[k]
+            reqs[k] = make_request(r.id, r.arrival_s, reqs[int(rng.integers(k))].prompt_tokens, r.output_len,
+                                   r.group_id, r.generated_tokens)
+    biggest = max(len(r.prompt_tokens) + r.output_len for r in reqs) + 2
+    m = draw(st.integers(1, 2))
+    caps = [biggest + draw(st.integers(0, 2 * biggest)) for _ in range(m)]
+    sched = SchedulerConfig(  # the switches keep their defaults; chunk insertion `whole` now and then
+        chunk_insertion=draw(st.sampled_from(["per_chunk", "per_chunk", "whole"])),
+        schedule_policy="lpm",
+        max_running_requests=draw(st.integers(1, 4)),
+        max_prefill_tokens=draw(st.integers(8, 200)),
+        chunked_prefill_size=draw(st.sampled_from([None, 8, 16, 64])),
+        lpm_max_queue=draw(st.sampled_from([3, 128])),
+    )
+    cost = FixedCostModel(base_s=0.005, prefill_token_s=0.001, decode_seq_s=0.002)
+    return reqs, caps, sched, cost, draw(st.sampled_from(ROUTERS)), seed
+
+
+# Known open discrepancy: on these (fixed) cells the fast simulator -- its records unchanged by the
+# module split, byte for byte -- and the reference disagree on a request's hit (first seen: one
+# request's cached_tokens 0 vs 1 after an eviction, default mode, no chunking). Which side misses a
+# rule is not settled yet; strict: the day they agree this marker must go.
+@pytest.mark.xfail(strict=True, reason="fast simulator vs reference, default mode: open discrepancy (see comment)")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+          database=None)
+@given(default_mode_cells())
+def test_fast_simulator_matches_the_reference_in_the_default_mode(cell):
+    """The default scheduler (exact budgets, per-chunk insertion, in-batch rule, ranking by match;
+    also with whole-prompt insertion) against the reference, on cells that exercise its rules."""
     assert_matches_reference(*cell)
 
 
