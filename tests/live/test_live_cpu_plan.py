@@ -18,7 +18,8 @@ from hydra import compose, initialize_config_dir
 from live_helpers import CONF, ROOT
 from repro.backends.sglang import tiny_model
 from repro.backends.sglang.backend import validate_cell
-from repro.backends.sglang.planning import OrchestrationError, hardware_server, plan_cell
+from repro.backends.sglang.config import hardware_server
+from repro.backends.sglang.planning import plan_cell
 from repro.backends.sglang.rlt_patch import EVICT_LOG_PREFIX, _exp1, _mix64, eviction_log_stats
 from repro.confutil import to_plain
 
@@ -108,7 +109,7 @@ def test_hardware_server_block():
     assert hardware_server(None) == {"extra_args": [], "env": {}, "uses_gpus": True}
     cpu = hardware_server(_cfg("hardware=cpu")["hardware"])
     assert cpu["uses_gpus"] is False and "--device" in cpu["extra_args"]
-    with pytest.raises(OrchestrationError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown keys"):
         hardware_server({"server": {"flags": []}})
 
 

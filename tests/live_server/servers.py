@@ -13,7 +13,8 @@ from typing import Iterator, Sequence
 import yaml
 
 from repro.backends.sglang.protocol import generate_body
-from repro.backends.sglang.planning import ProcessSpec, free_ports, hardware_server, sglang_server_command
+from repro.backends.sglang.config import hardware_server
+from repro.backends.sglang.planning import ProcessSpec, free_ports, sglang_server_command
 from repro.backends.sglang.processes import ManagedProcess, wait_healthy
 from repro.backends.sglang.tiny_model import ensure_model_dir
 

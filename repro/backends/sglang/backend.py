@@ -118,13 +118,13 @@ def _real_server_errors(cfg: Mapping) -> list[str]:
     an interpreter that exists (checked here, before any server starts)."""
     import os
 
-    from repro.backends.sglang.planning import OrchestrationError, hardware_server, resolve_python
+    from repro.backends.sglang.config import hardware_server, resolve_python
     from repro.backends.sglang.tiny_model import GENERATE, ModelDirError, hf_config
 
     errs: list[str] = []
     try:
         hw = hardware_server(cfg.get("hardware"))
-    except OrchestrationError as exc:
+    except ValueError as exc:
         return [str(exc)]
     if not hw["uses_gpus"] and get_path(cfg, "cluster.kv_cache_tokens") is None:
         errs.append(f"hardware={get_path(cfg, 'hardware.name')} runs servers without GPUs: set cluster.kv_cache_tokens "
@@ -207,7 +207,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     from repro.backends import assembly
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
-    from repro.backends.sglang.planning import hardware_server
+    from repro.backends.sglang.config import hardware_server
 
     errs = validate_cell(cfg)
     if errs:

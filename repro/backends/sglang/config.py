@@ -176,6 +176,33 @@ def backend_config_errors(backend: Any) -> list[str]:
     return errs
 
 
+HARDWARE_SERVER_KEYS = ("extra_args", "env", "uses_gpus")
+
+
+def hardware_server(hardware: Mapping | None) -> dict:
+    """The `server:` block of a hardware config: what servers on that hardware need (CPU flags and
+    environment for hardware=cpu; nothing for GPUs). Keys: extra_args, env, uses_gpus (default true)."""
+    block = dict((hardware or {}).get("server") or {})
+    unknown = sorted(set(block) - set(HARDWARE_SERVER_KEYS))
+    if unknown:
+        raise ValueError(f"hardware.server: unknown keys {unknown} (known: {list(HARDWARE_SERVER_KEYS)})")
+    return {"extra_args": list(block.get("extra_args") or []), "env": dict(block.get("env") or {}),
+            "uses_gpus": bool(block.get("uses_gpus", True))}
+
+
+def resolve_python(path: str) -> str:
+    """An interpreter path from the config: relative paths are taken from the project root."""
+    import os
+    from pathlib import Path
+
+    from repro.confutil import PROJECT_ROOT
+
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute() and os.sep in str(path):
+        p = PROJECT_ROOT / p
+    return str(p)
+
+
 # ---------------------------------------------------------------------------- process configs
 @dataclass(kw_only=True)
 class RouterServiceConfig(RouterServiceSection):
@@ -282,4 +309,6 @@ __all__ = [
     "SglangRouterSection",
     "Timeouts",
     "backend_config_errors",
+    "hardware_server",
+    "resolve_python",
 ]

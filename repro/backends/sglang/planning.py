@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.backends.sglang.config import PLACEMENTS, ROUTER_IMPLS, SGLANG_ROUTER_POLICIES, BackendConfig
+from repro.backends.sglang.config import (PLACEMENTS, ROUTER_IMPLS, SGLANG_ROUTER_POLICIES, BackendConfig,
+                                          hardware_server, resolve_python)
 from repro.confutil import to_plain
 
 class OrchestrationError(RuntimeError):
@@ -329,30 +330,6 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(workers, router, router_url, worker_urls, log_dir, emulate, b.router_impl, time_scale,
                     timeouts, client_cfg, gpus, nodes, local_ports)
-
-
-HARDWARE_SERVER_KEYS = ("extra_args", "env", "uses_gpus")
-
-
-def hardware_server(hardware: Mapping | None) -> dict:
-    """The `server:` block of a hardware config: what servers on that hardware need (CPU flags and
-    environment for hardware=cpu; nothing for GPUs). Keys: extra_args, env, uses_gpus (default true)."""
-    block = dict((hardware or {}).get("server") or {})
-    unknown = sorted(set(block) - set(HARDWARE_SERVER_KEYS))
-    if unknown:
-        raise OrchestrationError(f"hardware.server: unknown keys {unknown} (known: {list(HARDWARE_SERVER_KEYS)})")
-    return {"extra_args": list(block.get("extra_args") or []), "env": dict(block.get("env") or {}),
-            "uses_gpus": bool(block.get("uses_gpus", True))}
-
-
-def resolve_python(path: str) -> str:
-    """An interpreter path from the config: relative paths are taken from the project root."""
-    from repro.confutil import PROJECT_ROOT
-
-    p = Path(os.path.expanduser(str(path)))
-    if not p.is_absolute() and os.sep in str(path):
-        p = PROJECT_ROOT / p
-    return str(p)
 
 
 def _local_model_path(model: Mapping) -> str | None:

@@ -75,13 +75,9 @@ whereas our tree stamps accessed tokens only -- this changes the LRU *fallback* 
 the uniform draws; (3) our replayer's token-by-token `process_path` can start a new phase in
 the middle of a missed run; SGLang has no such verb (it inserts a request's tokens in bulk).
 
-LRU: SGLang's `lru` is leaf LRU over `last_access_time`, i.e. our L-LRU up to difference (2),
-which tests/sglang/test_parity.py pins down: with SGLang's rule emulated on our tree the two
-give identical matched lengths and evictions on random sequences; without it they drift apart
-(e.g. hit rate 0.4237 vs 0.4219 on the GSP benchmark trace). No LRU variant is registered in
-SGLang: the live backend's baseline is SGLang's own `lru` (the paper's baseline), and the fix
-that makes the two identical belongs in repro.kvcache (stamp the remainder of a node split by an
-access at node granularity, as SGLang does).
+LRU: SGLang's `lru` is leaf LRU over `last_access_time`, our L-LRU up to difference (2), which
+tests/sglang/test_parity.py pins down (identical on random sequences with SGLang's stamping
+emulated on our tree; hit rate 0.4237 vs 0.4219 on the GSP trace without it).
 """
 
 from __future__ import annotations
