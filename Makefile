@@ -27,10 +27,10 @@ sglang-env:  ## build the CPU SGLang environment (.venv-sglang) used by parity t
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
 	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
 
-router-env:  ## build the real sglang-router 0.3.2 environment (.venv-router) for the router_binary tests
+router-env:  ## build the real routers' environment (.venv-router: sglang-router 0.3.2 and smg 1.13.0) for the router_binary tests
 	bash scripts/make_router_env.sh
 
-test-router-binary: router-env  ## our routers against the real sglang-router 0.3.2 binary, decision by decision
+test-router-binary: router-env  ## our routers against the real sglang-router 0.3.2 and smg 1.13.0 binaries, decision by decision
 	$(PYTHON) -m pytest -m router_binary tests/router_binary
 
 test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CONF exported)

@@ -56,7 +56,7 @@ BINARIES = {
     "0.3.2": Binary("sglang-router", "0.3.2", "sglang_router.launch_router", ".venv-router", "REPRO_ROUTER_PYTHON"),
     # smg polls every worker's load by default (our fake workers report none: a "dark fleet") and
     # vetoes overloaded workers; both read the workers' own reports, which these workers never send.
-    "smg_1_13": Binary("smg", "1.13.0", "smg.launch_router", ".venv-smg", "REPRO_SMG_PYTHON",
+    "smg_1_13": Binary("smg", "1.13.0", "smg.launch_router", ".venv-router", "REPRO_ROUTER_PYTHON",
                        decision_log=("Cache-aware selection", r'branch="([a-z_]+)"')),
 }
 
