@@ -47,6 +47,8 @@ def test_a_good_config_has_no_errors():
                     c["router"].update(name="cache_aware", eviction_interval_secs=0.5)), "whole number"),
         (lambda c: (c["backend"].update(router_impl="sglang_router"),
                     c["router"].update(name="cache_aware", low_match="smallest_tree")), "only has least_loaded"),
+        (lambda c: (c["backend"].update(router_impl="sglang_router"),
+                    c["router"].update(name="cache_aware", generation="smg_1_13")), "runs sglang-router 0.3.2"),
         (lambda c: c["router"].update(tracker="exact"), "tracker=exact"),
         (lambda c: c["eviction"].update(name="opt"), "does not run on backend sim"),
         (lambda c: (c["backend"].update(emulate=False, time_scale=1.0), c["eviction"].update(name="lfu")),
