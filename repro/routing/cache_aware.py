@@ -12,8 +12,8 @@ tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
 3. Otherwise: match the routing key against the shared approximate tree (`ApproximateTree`);
    match rate = matched / key length (0 for an empty key; float32). If rate >
    cache_threshold (strictly): the tenant of the node where matching stopped (its creator).
-   Else ("low match"): `low_match=least_loaded` (default; 0.3.2, since 0.2.4) the
-   least-loaded worker; `smallest_tree` the worker holding the fewest units in the tree (the
+   Else ("low match"): the least-loaded worker (`generation: v0_3_2`, the default; since
+   0.2.4), or with `generation: le_0_2_3` the worker holding the fewest units in the tree (the
    rule of sglang-router <= 0.2.3). Insert the key for the chosen worker.
 4. Load ties, in both least-loaded choices (and smallest-tree ties), go to the first minimum
    in `worker_order`: the real router scans its worker registry, a map keyed by random UUIDs,
@@ -69,7 +69,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
 _f32 = np.float32
-GENERATIONS = ("v0_3_2", "smg_1_13")  # sglang-router 0.3.2 (the paper's) | smg 1.13.0 (today's)
+# sglang-router <= 0.2.3 | 0.3.2 (the paper's, default) | smg 1.13.0 (its successor, today's)
+GENERATIONS = ("le_0_2_3", "v0_3_2", "smg_1_13")
 
 
 def ids_key(tokens) -> str:
@@ -94,7 +95,7 @@ def check_worker_order(worker_order) -> str | tuple[int, ...]:
 
 class CacheAwareRouter(Router):
     name = "cache_aware"
-    removed_options = ("tie_break",)  # accepted only to fail with a pointer to its replacement
+    removed_options = ("tie_break", "low_match")  # accepted only to fail with a pointer to the replacement
 
     def __init__(
         self,
@@ -105,16 +106,19 @@ class CacheAwareRouter(Router):
         eviction_interval_secs: float = 60.0,
         max_tree_size: int = 2**26,
         match_on: str = "auto",
-        low_match: str = "least_loaded",
         worker_order="seeded",
         generation: str = "v0_3_2",
         tie_break: str | None = None,
+        low_match: str | None = None,
     ) -> None:
         if tie_break is not None:
             raise ValueError(
                 "cache_aware: tie_break was removed; load ties follow worker_order "
                 "(seeded | index | explicit list of worker ids), like the real router's registry order"
             )
+        if low_match is not None:
+            raise ValueError("cache_aware: low_match was replaced by generation: le_0_2_3 (smallest tree, "
+                             "sglang-router <= 0.2.3) | v0_3_2 (least loaded, the default) | smg_1_13")
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
         if balance_abs_threshold < 0:
@@ -131,12 +135,9 @@ class CacheAwareRouter(Router):
         self.max_tree_size = int(max_tree_size)
         self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens"))
         self.uses_text = match_on != "tokens"
-        self.low_match = check_choice("low_match", low_match, ("least_loaded", "smallest_tree"))
         self.worker_order = check_worker_order(worker_order)
         self.generation = check_choice("generation", generation, GENERATIONS)
-        if self.generation == "smg_1_13" and self.low_match != "least_loaded":
-            raise ValueError("cache_aware: low_match=smallest_tree is sglang-router <= 0.2.3's rule; "
-                             "generation smg_1_13 has no such option (its low match goes to the least loaded)")
+        self.low_match_smallest_tree = self.generation == "le_0_2_3"
         if self.generation == "smg_1_13" and self.balance_rel_threshold < 1.0:
             raise ValueError(f"cache_aware: smg requires balance_rel_threshold >= 1, got {self.balance_rel_threshold}")
         self._threshold32 = _f32(self.cache_threshold)
@@ -212,7 +213,7 @@ class CacheAwareRouter(Router):
         if tenant is not None and self._rate_above(matched, len(key)):
             self.last_branch = "hit"
             return tenant
-        if self.low_match == "least_loaded":
+        if not self.low_match_smallest_tree:
             worker = self._least_loaded()
             tied = loads.count(loads[worker]) > 1
         else:

@@ -46,7 +46,7 @@ def test_a_good_config_has_no_errors():
         (lambda c: (c["backend"].update(router_impl="sglang_router"),
                     c["router"].update(name="cache_aware", eviction_interval_secs=0.5)), "whole number"),
         (lambda c: (c["backend"].update(router_impl="sglang_router"),
-                    c["router"].update(name="cache_aware", low_match="smallest_tree")), "only has least_loaded"),
+                    c["router"].update(name="cache_aware", generation="le_0_2_3")), "runs sglang-router 0.3.2"),
         (lambda c: (c["backend"].update(router_impl="sglang_router"),
                     c["router"].update(name="cache_aware", generation="smg_1_13")), "runs sglang-router 0.3.2"),
         (lambda c: c["router"].update(tracker="exact"), "tracker=exact"),

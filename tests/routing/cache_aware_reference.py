@@ -144,14 +144,13 @@ class RefTree:
 
 
 class RefCacheAware:
-    def __init__(self, order: list[int], threshold=0.3, abs_thr=64, rel_thr=1.5, low_match="least_loaded",
-                 generation="v0_3_2"):
+    def __init__(self, order: list[int], threshold=0.3, abs_thr=64, rel_thr=1.5, generation="v0_3_2"):
         self.order = list(order)
         self.loads = {w: 0 for w in order}
         self.tree = RefTree(self.order)
         for w in self.order:
             self.tree.insert("", w)
-        self.threshold, self.abs_thr, self.rel_thr, self.low_match = threshold, abs_thr, rel_thr, low_match
+        self.threshold, self.abs_thr, self.rel_thr = threshold, abs_thr, rel_thr
         self.generation = generation
 
     def first_min(self, value) -> int:
@@ -199,7 +198,7 @@ class RefCacheAware:
             if rate > f32(self.threshold) and tenant is not None:
                 w, branch = tenant, "hit"
             else:
-                metric = self.loads if self.low_match == "least_loaded" else self.tree.size
+                metric = self.tree.size if self.generation == "le_0_2_3" else self.loads
                 w = self.first_min(metric.__getitem__)
                 tied = sum(1 for v in metric.values() if v == metric[w]) > 1
                 branch = "low_match_tied" if tied else "low_match_untied"

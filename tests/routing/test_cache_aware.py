@@ -35,7 +35,7 @@ def test_defaults_are_sglang_router_032():
     r = CacheAwareRouter()
     assert (r.cache_threshold, r.balance_abs_threshold, r.balance_rel_threshold) == (0.3, 64, 1.5)
     assert (r.eviction_interval_secs, r.max_tree_size) == (60.0, 2**26)
-    assert (r.match_on, r.low_match, r.worker_order) == ("auto", "least_loaded", "seeded")
+    assert (r.match_on, r.generation, r.worker_order) == ("auto", "v0_3_2", "seeded")
 
 
 def test_cache_branch_goes_to_matched_worker():
@@ -51,8 +51,8 @@ def test_cache_branch_goes_to_matched_worker():
 
 def test_low_match_least_loaded_vs_smallest_tree():
     # Worker 0 holds a long text and is idle again; worker 1 is busy with a short one.
-    for rule, expected in (("least_loaded", 0), ("smallest_tree", 1)):
-        r, v = router(low_match=rule)
+    for rule, expected in (("v0_3_2", 0), ("le_0_2_3", 1)):
+        r, v = router(generation=rule)
         a = req("x" * 50)
         assert r.select_worker(a, v, 0.0) == 0
         r.on_request_complete(a, 0, 1.0, 0.5, 0, 1.0)
@@ -230,10 +230,9 @@ def test_auto_mode_and_missing_text():
         {"cache_threshold": 1.5},
         {"balance_abs_threshold": -1},
         {"match_on": "bytes"},
-        {"low_match": "smallest"},
+        {"low_match": "smallest_tree"},  # replaced by generation: le_0_2_3
         {"max_tree_size": -5},
         {"generation": "smg_1_10"},
-        {"generation": "smg_1_13", "low_match": "smallest_tree"},
         {"generation": "smg_1_13", "balance_rel_threshold": 0.5},
     ],
 )
@@ -243,7 +242,7 @@ def test_bad_config_fails_at_construction(kw):
 
 
 def test_unknown_generation_names_the_choices():
-    with pytest.raises(ValueError, match="v0_3_2.*smg_1_13"):
+    with pytest.raises(ValueError, match="le_0_2_3.*v0_3_2.*smg_1_13"):
         CacheAwareRouter(generation="0.4")
 
 

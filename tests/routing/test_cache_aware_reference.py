@@ -26,9 +26,9 @@ op = st.one_of(
     threshold=st.sampled_from([0.0, 0.3, 0.5, 0.9]),
     abs_thr=st.integers(0, 3),
     rel_thr=st.sampled_from([1.0, 1.5, 2.0]),
-    low_match=st.sampled_from(["least_loaded", "smallest_tree"]),
+    generation=st.sampled_from(["v0_3_2", "le_0_2_3"]),
 )
-def test_fast_router_equals_reference(m, perm_seed, ops, threshold, abs_thr, rel_thr, low_match):
+def test_fast_router_equals_reference(m, perm_seed, ops, threshold, abs_thr, rel_thr, generation):
     import random
 
     order = list(range(m))
@@ -39,11 +39,11 @@ def test_fast_router_equals_reference(m, perm_seed, ops, threshold, abs_thr, rel
         balance_abs_threshold=abs_thr,
         balance_rel_threshold=rel_thr,
         eviction_interval_secs=0,
-        low_match=low_match,
+        generation=generation,
         worker_order=order,
     )
     fast.reset(make_views(m), seed=0)
-    ref = RefCacheAware(order, threshold, abs_thr, rel_thr, low_match)
+    ref = RefCacheAware(order, threshold, abs_thr, rel_thr, generation)
     in_flight: list[int] = []
     for kind, arg in ops:
         if kind == "route":
