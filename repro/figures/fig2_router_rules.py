@@ -49,8 +49,7 @@ class RuleFigure(PerfFigure):
         df.attrs["summary_columns"] = sorted(set(base.attrs.get("summary_columns", ()))
                                              | set(old.attrs.get("summary_columns", ())))
         # the rule is what the labels show; the pooling check must not see it as a hidden difference
-        return df.drop(columns=[c for c in (RULE, "exp", "router.worker_order", "exp_name", "router.low_match")
-                                if c in df])
+        return df.drop(columns=[c for c in (RULE, "exp", "router.worker_order", "exp_name") if c in df])
 
 
 def headline(df: pd.DataFrame) -> str:
