@@ -52,7 +52,8 @@ the total is <= max_tree_size. Stamps and epochs are 0.3.2's. `last_branch` adds
 `last_ties` holds the tied workers of the last random choice (() when none was random).
 
 The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
-the real router has no random tie-break, its ties follow the registry order.
+the real router has no random tie-break, its ties follow the registry order. The removed
+`low_match: least_loaded | smallest_tree` is rejected with an error naming `generation`.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ class CacheAwareRouter(Router):
         """smg 1.13's choice (module docstring): per-request spill gate, random load ties."""
         tree, loads = self.tree, self.loads
         self.last_ties = ()
-        matched, tenant = tree.prefix_match(key)
+        matched, _ = tree.prefix_match(key)  # (stamps as 0.3.2's match does)
         holders = tree.last_match_holders(key)
         if holders and self._rate_above(matched, len(key)):
             worker = self._least_loaded_random(holders)
