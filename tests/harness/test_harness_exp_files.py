@@ -145,7 +145,7 @@ def test_grid_shapes(grids):
     assert set(values(rr, "policy_name")) <= {"CacheAware+LRU", "CacheAware+RLT"}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         smg = compose("config", overrides=["exp=regime_map", "policy=cache_aware_smg_lru"])
-    assert (smg.router.generation, smg.router.name, smg.policy_name) == ("smg_1_13", "cache_aware", "CacheAware(smg)+LRU")
+    assert (smg.router.generation, smg.router.name, smg.policy_name) == ("smg_1_13", "cache_aware_smg", "CacheAware(smg)+LRU")
     assert swept(rm, "workload.request_rate", float) == [4.0, 8.0, 16.0, 24.0, 32.0]
     assert swept(rm, "cluster.kv_cache_tokens", int) == [8192, 16384, 32768, 65536, 131072, 262144]
     assert set(values(g["fig4_order"], "workload.name")) == {"loogle"} and policies(g["fig4_order"]) == SIX
