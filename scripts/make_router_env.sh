@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Make the real sglang-router 0.3.2 environment (.venv-router) for the `router_binary` tests
-# (tests/router_binary: our routers against the real Rust router, decision by decision) and for
+# Make the real router environment (.venv-router: sglang-router 0.3.2 and its successor smg 1.13.0,
+# side by side, no shared package at different versions) for the `router_binary` tests
+# (tests/router_binary: our routers against the real Rust routers, decision by decision) and for
 # `backend.router_impl=sglang_router` runs.
 #
 #   scripts/make_router_env.sh [VENV_DIR]     (default: .venv-router, relative to the repo root)
 #   FORCE=1 scripts/make_router_env.sh        (delete and rebuild)
 #
-# The wheel is a Rust binary (~30 MB, runs on CPU) plus the Python launcher; every package is
+# Each wheel is a Rust binary (~30-37 MB, runs on CPU) plus a Python launcher; every package is
 # pinned in scripts/router_env/requirements.lock and installed with --no-deps (no resolver run).
 # Idempotent: a venv whose stamp matches the lock file is only smoke-tested.
 set -euo pipefail
@@ -22,7 +23,9 @@ step() { echo "[make_router_env] $* (t=$((SECONDS - T0))s)"; }
 
 smoke() {
   "$VENV/bin/python" -c "import importlib.metadata as m; v = m.version('sglang-router'); assert v == '0.3.2', v" \
-    && "$VENV/bin/python" -m sglang_router.launch_router --help >/dev/null
+    && "$VENV/bin/python" -c "import importlib.metadata as m; v = m.version('smg'); assert v == '1.13.0', v" \
+    && "$VENV/bin/python" -m sglang_router.launch_router --help >/dev/null \
+    && "$VENV/bin/python" -m smg.launch_router --help >/dev/null
 }
 
 WANT="$(sha256sum "$LOCK" | cut -d' ' -f1)"

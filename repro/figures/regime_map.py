@@ -2,8 +2,9 @@
 per-worker KV budget.
 
 Left: LBGR+RLT / CacheAware+LRU P50 latency (< 1: LBGR+RLT faster, the paper's LBGR claim).
-Right: CacheAware+RLT / CacheAware+LRU hit rate (> 1: RLT keeps more, the paper's RLT claim,
-both under the cache-aware router). Each cell is the ratio of seed means, on a log colour scale
+Middle: CacheAware+RLT / CacheAware+LRU hit rate (> 1: RLT keeps more, the paper's RLT claim,
+both under the cache-aware router). Right: LBGR+RLT / CacheAware(smg)+LRU P50 latency, the LBGR
+claim against today's router (smg 1.13.0's cache-aware rule, router cache_aware_smg). Each cell is the ratio of seed means, on a log colour scale
 centred at 1 (blue: the paper's direction, red: the opposite). A cell whose per-seed
 difference does not exceed 2 standard errors over seeds (the claims table's rule,
 repro.figures.claims.paired) is a tie: its number is printed in grey italics with "≈".
@@ -22,12 +23,14 @@ from repro.figures.load import SEED, SYSTEM, load_cells, require
 from repro.figures.style import add_caption, apply_style, save_figure, write_text
 
 NAME = EXP = "regime_map"
-TITLE = "Regime map: where LBGR+RLT beats Cache-Aware+LRU, and RLT beats LRU, on GSP (beyond the paper)"
+TITLE = ("Regime map: where LBGR+RLT beats Cache-Aware+LRU (sglang-router 0.3.2 and smg 1.13), and RLT beats LRU, "
+         "on GSP (beyond the paper)")
 RATE, BUDGET = "workload.request_rate", "cluster.kv_cache_tokens"
 # (panel title, numerator system, denominator system, metric, direction of the paper's claim: -1 = ratio < 1)
 PANELS = (
     ("LBGR+RLT / CacheAware+LRU, P50 latency", "LBGR+RLT", "CacheAware+LRU", "latency_p50_s", -1),
     ("CacheAware+RLT / CacheAware+LRU, hit rate", "CacheAware+RLT", "CacheAware+LRU", "hit_rate", +1),
+    ("LBGR+RLT / CacheAware(smg)+LRU, P50 latency", "LBGR+RLT", "CacheAware(smg)+LRU", "latency_p50_s", -1),
 )
 
 
@@ -80,7 +83,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     apply_style()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5.2 * len(PANELS), 3.6), squeeze=False)
     for ax, (title, _, _, metric, sign) in zip(axes[0], PANELS):
-        p = r[r["metric"] == metric]
+        p = r[r["panel"] == title]
         rates = sorted(p[RATE].unique())
         budgets = sorted(p[BUDGET].unique())
         grid = np.full((len(budgets), len(rates)), np.nan)
@@ -131,12 +134,13 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
 def caption_text(df: pd.DataFrame, r: pd.DataFrame) -> str:
     parts = [f"{TITLE}.", captions.provenance_caption(df, [SYSTEM, RATE, BUDGET])]
     for title, _, _, metric, _ in PANELS:
-        p = r[r["metric"] == metric]
+        p = r[r["panel"] == title]
         holds = int((p["paper_direction"] & ~p["tie"]).sum())
         ties = int(p["tie"].sum())
         parts.append(f"{title}: the paper's direction in {holds} of {len(p)} cells, {ties} ties within noise.")
     parts.append("Each cell: ratio of seed means, log colour scale centred at 1, blue = the paper's direction "
                  "(lower latency for LBGR+RLT, higher hit rate for RLT), red = the opposite; '≈' in grey italics = "
                  "the per-seed difference is within 2 standard errors over seeds (a tie; the claims table's rule). "
-                 "Cache-aware router: the sglang-router version in each cell's config (router.low_match).")
+                 "Cache-aware router: the rule in each cell's config (router.generation: v0_3_2 = sglang-router 0.3.2 "
+                 "for CacheAware, smg_1_13 = smg 1.13.0 for CacheAware(smg)).")
     return " ".join(parts)

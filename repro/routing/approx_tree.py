@@ -253,6 +253,53 @@ class ApproximateTree:
                 heapq.heappush(heap, (parent.tenants[tenant], next(seq), tenant, parent))
         return removed
 
+    def evict_by_total_size(self, max_units: int) -> int:
+        """smg >= 1.10's trim: one budget for the whole tree (all tenants together).
+
+        While the total over tenants exceeds max_units, remove the least recently stamped
+        (node, tenant) leaf among all tenants; the root is never trimmed. Returns the removals."""
+        self._last_walk = None
+        sizes = self.tenant_size
+        total = sum(sizes.values())
+        if total <= max_units:
+            return 0
+        u = self.unit
+        seq = itertools.count()
+        heap = [(node.tenants[t], next(seq), t, node) for node in self._nodes() if node is not self.root
+                for t in self._leaf_tenants(node)]
+        heapq.heapify(heap)
+        removed = 0
+        while heap and total > max_units:
+            _, _, tenant, node = heapq.heappop(heap)
+            if tenant not in node.tenants or any(tenant in c.tenants for c in node.children.values()):
+                continue  # no longer a leaf for this tenant
+            size = len(node.key) // u
+            sizes[tenant] = max(0, sizes[tenant] - size)
+            total -= size
+            del node.tenants[tenant]
+            removed += 1
+            parent = node.parent
+            if not node.children and not node.tenants:
+                del parent.children[node.key[:u]]
+            if parent is not self.root and tenant in parent.tenants and not any(
+                tenant in c.tenants for c in parent.children.values()
+            ):
+                heapq.heappush(heap, (parent.tenants[tenant], next(seq), tenant, parent))
+        return removed
+
+    def last_match_holders(self, key: Key) -> tuple[int, ...]:
+        """Tenants of the node where the last `prefix_match(key)` stopped (the deepest fully
+        matched node, or the node it stopped inside), in id order; () if nothing matched.
+        smg >= 1.10 chooses among these on a hit. Call right after prefix_match(key)."""
+        last = self._last_walk
+        if last is None or last[0] is not key:
+            raise RuntimeError("last_match_holders needs the prefix_match of the same key just before")
+        _, full, pos, partial, shared = last
+        if pos + shared == 0:
+            return ()
+        node = partial if partial is not None else full[-1]
+        return tuple(sorted(node.tenants))
+
     # ------------------------------------------------------------------ queries
     def used_size_per_tenant(self) -> dict[int, int]:
         """Recount sizes from the nodes (a check on `tenant_size`; O(tree))."""

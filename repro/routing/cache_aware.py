@@ -1,4 +1,5 @@
-"""SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5).
+"""SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5), and
+its successor's rule (`generation: smg_1_13`, see below).
 
 Rule (docs/ALGORITHMS.md §3; checked against the real 0.3.2 binary by
 tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
@@ -11,8 +12,8 @@ tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
 3. Otherwise: match the routing key against the shared approximate tree (`ApproximateTree`);
    match rate = matched / key length (0 for an empty key; float32). If rate >
    cache_threshold (strictly): the tenant of the node where matching stopped (its creator).
-   Else ("low match"): `low_match=least_loaded` (default; 0.3.2, since 0.2.4) the
-   least-loaded worker; `smallest_tree` the worker holding the fewest units in the tree (the
+   Else ("low match"): the least-loaded worker (`generation: v0_3_2`, the default; since
+   0.2.4), or with `generation: le_0_2_3` the worker holding the fewest units in the tree (the
    rule of sglang-router <= 0.2.3). Insert the key for the chosen worker.
 4. Load ties, in both least-loaded choices (and smallest-tree ties), go to the first minimum
    in `worker_order`: the real router scans its worker registry, a map keyed by random UUIDs,
@@ -38,12 +39,26 @@ has text, else tokens, then fixed for the run (a text-mode run fed a request wit
 low_match_tied | low_match_untied | imbalanced) + `commit` (insert, count the load); the binary
 parity test commits the real router's decision to stay in its state.
 
+Generation `smg_1_13` (smg 1.13.0, sglang-router's successor; checked against its binary by
+tests/router_binary/, docs/ALGORITHMS.md §3): no global imbalance test (step 2 is gone); on a
+hit, the candidates are the tenants of the node where matching stopped, the least loaded of
+them is chosen, and a spill gate sends the request to the least-loaded worker when that
+candidate's load > balance_rel_threshold * mean and > mean + margin, margin =
+min(balance_abs_threshold, max(4, ceil(2 * sqrt(mean)))) (mean over all workers); a low match goes to
+the least-loaded worker. Every load tie (candidates, spill target, low match) is broken
+uniformly at random (the router's RNG here; the binary's thread RNG). The trim is one budget
+for the whole tree: least recently stamped (node, tenant) leaves of any tenant go first until
+the total is <= max_tree_size. Stamps and epochs are 0.3.2's. `last_branch` adds `spill`;
+`last_ties` holds the tied workers of the last random choice (() when none was random).
+
 The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
-the real router has no random tie-break, its ties follow the registry order.
+the real router has no random tie-break, its ties follow the registry order. The removed
+`low_match: least_loaded | smallest_tree` is rejected with an error naming `generation`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -55,6 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
 _f32 = np.float32
+# sglang-router <= 0.2.3 | 0.3.2 (the paper's, default) | smg 1.13.0 (its successor, today's)
+GENERATIONS = ("le_0_2_3", "v0_3_2", "smg_1_13")
 
 
 def ids_key(tokens) -> str:
@@ -79,7 +96,7 @@ def check_worker_order(worker_order) -> str | tuple[int, ...]:
 
 class CacheAwareRouter(Router):
     name = "cache_aware"
-    removed_options = ("tie_break",)  # accepted only to fail with a pointer to its replacement
+    removed_options = ("tie_break", "low_match")  # accepted only to fail with a pointer to the replacement
 
     def __init__(
         self,
@@ -90,15 +107,19 @@ class CacheAwareRouter(Router):
         eviction_interval_secs: float = 60.0,
         max_tree_size: int = 2**26,
         match_on: str = "auto",
-        low_match: str = "least_loaded",
         worker_order="seeded",
+        generation: str = "v0_3_2",
         tie_break: str | None = None,
+        low_match: str | None = None,
     ) -> None:
         if tie_break is not None:
             raise ValueError(
                 "cache_aware: tie_break was removed; load ties follow worker_order "
                 "(seeded | index | explicit list of worker ids), like the real router's registry order"
             )
+        if low_match is not None:
+            raise ValueError("cache_aware: low_match was replaced by generation: le_0_2_3 (smallest tree, "
+                             "sglang-router <= 0.2.3) | v0_3_2 (least loaded, the default) | smg_1_13")
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
         if balance_abs_threshold < 0:
@@ -115,8 +136,11 @@ class CacheAwareRouter(Router):
         self.max_tree_size = int(max_tree_size)
         self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens"))
         self.uses_text = match_on != "tokens"
-        self.low_match = check_choice("low_match", low_match, ("least_loaded", "smallest_tree"))
         self.worker_order = check_worker_order(worker_order)
+        self.generation = check_choice("generation", generation, GENERATIONS)
+        self.low_match_smallest_tree = self.generation == "le_0_2_3"
+        if self.generation == "smg_1_13" and self.balance_rel_threshold < 1.0:
+            raise ValueError(f"cache_aware: smg requires balance_rel_threshold >= 1, got {self.balance_rel_threshold}")
         self._threshold32 = _f32(self.cache_threshold)
         self._thr_lo = float(self._threshold32)  # _rate_above's exact bounds
         self._thr_hi = float(np.nextafter(self._threshold32, _f32(np.inf)))
@@ -141,7 +165,10 @@ class CacheAwareRouter(Router):
             self.tree.insert("", worker)
         self._next_eviction_s: float | None = None
         self.evictions_run = 0
-        self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced
+        self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced | spill
+        self.last_ties: tuple[int, ...] = ()
+        # smg_1_13: how a random tie is resolved (the parity test replays the binary's pick)
+        self.pick_tie = lambda ties: ties[int(self.rng.integers(len(ties)))]
 
     def _key(self, request: "Request") -> str:
         mode = self.mode
@@ -173,6 +200,8 @@ class CacheAwareRouter(Router):
         router does) but neither inserts nor counts load; `commit` does that."""
         tree = self.tree
         self._maybe_evict(now_s)
+        if self.generation == "smg_1_13":
+            return self._decide_smg(key)
         loads = self.loads
         max_load, min_load = max(loads), min(loads)
         imbalanced = (max_load - min_load > self.balance_abs_threshold) and (
@@ -185,7 +214,7 @@ class CacheAwareRouter(Router):
         if tenant is not None and self._rate_above(matched, len(key)):
             self.last_branch = "hit"
             return tenant
-        if self.low_match == "least_loaded":
+        if not self.low_match_smallest_tree:
             worker = self._least_loaded()
             tied = loads.count(loads[worker]) > 1
         else:
@@ -194,6 +223,41 @@ class CacheAwareRouter(Router):
             tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
         self.last_branch = "low_match_tied" if tied else "low_match_untied"
         return worker
+
+    def _decide_smg(self, key: str) -> int:
+        """smg 1.13's choice (module docstring): per-request spill gate, random load ties."""
+        tree, loads = self.tree, self.loads
+        self.last_ties = ()
+        matched, _ = tree.prefix_match(key)  # (stamps as 0.3.2's match does)
+        holders = tree.last_match_holders(key)
+        if holders and self._rate_above(matched, len(key)):
+            worker = self._least_loaded_random(holders)
+            mean = sum(loads) / len(loads)
+            load = loads[worker]
+            if load > mean * self.balance_rel_threshold and load > mean + self._spill_margin(mean):
+                self.last_branch = "spill"
+                return self._least_loaded_random(range(len(loads)))
+            self.last_branch = "hit"
+            return worker
+        worker = self._least_loaded_random(range(len(loads)))
+        self.last_branch = "low_match_tied" if self.last_ties else "low_match_untied"
+        return worker
+
+    def _spill_margin(self, mean: float) -> float:
+        """smg 1.13's absolute margin: balance_abs_threshold, capped at two standard deviations of a
+        Poisson in-flight count at the mean rounded up to whole requests, but never under 4 (unless
+        the threshold is). The rounding up is the binary's (tests/router_binary), not its help text's."""
+        return min(self.balance_abs_threshold, max(4, math.ceil(2.0 * math.sqrt(mean))))
+
+    def _least_loaded_random(self, candidates) -> int:
+        """The least-loaded candidate; a tie goes to `pick_tie` (uniform at random by default)."""
+        loads = self.loads
+        low = min(loads[w] for w in candidates)
+        ties = tuple(w for w in candidates if loads[w] == low)
+        if len(ties) == 1:
+            return ties[0]
+        self.last_ties = ties
+        return self.pick_tie(ties)
 
     def commit(self, key: str, worker: int) -> None:
         """The routed request: insert its key for `worker` (on every branch) and count it."""
@@ -232,6 +296,12 @@ class CacheAwareRouter(Router):
             self.loads[worker_id] -= 1
 
     # ------------------------------------------------------------------ helpers
+    def _trim(self) -> None:
+        if self.generation == "smg_1_13":
+            self.tree.evict_by_total_size(self.max_tree_size)  # one budget for the whole tree
+        else:
+            self.tree.evict_tenant_by_size(self.max_tree_size)  # a budget per worker
+
     def _maybe_evict(self, now_s: float) -> None:
         interval = self.eviction_interval_secs
         if interval <= 0:
@@ -240,7 +310,7 @@ class CacheAwareRouter(Router):
             self._next_eviction_s = now_s + interval
             return
         if now_s >= self._next_eviction_s:
-            self.tree.evict_tenant_by_size(self.max_tree_size)
+            self._trim()
             self.evictions_run += 1
             missed = int((now_s - self._next_eviction_s) // interval)
             self._next_eviction_s += (missed + 1) * interval

@@ -24,6 +24,8 @@ SYSTEMS = {  # policy_name -> (router, eviction, latency factor, hit-rate bonus)
     "LBGR+LRU": ("lbgr", "lru", 0.07, 0.32),
     "LBGR+RLT": ("lbgr", "rlt", 0.04, 0.40),
 }
+# beside the six: today's cache-aware rule (smg 1.13.0) as its own system (regime_map's third panel)
+SMG_SYSTEMS = {"CacheAware(smg)+LRU": ("cache_aware", "lru", 0.45, 0.22)}
 WORKLOADS = ("gsp", "sharegpt", "ultrachat", "loogle")
 OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
 
@@ -42,6 +44,10 @@ hand-written text between
 
 hand-written text after
 """
+
+def system_spec(system: str) -> tuple:
+    return SYSTEMS[system] if system in SYSTEMS else SMG_SYSTEMS[system]
+
 
 def grid(exp: str, small: bool = False) -> list[dict]:
     """The cells of one experiment: dicts of system, seed and the overridden knobs.
@@ -70,13 +76,15 @@ def grid(exp: str, small: bool = False) -> list[dict]:
         m = "llama31_70b" if exp.startswith("fig8") else "mixtral_8x7b"
         for wl in ("gsp", "ultrachat", "loogle")[: 2 if small else 3]:
             add(six, workload=wl, model=m, hardware="h200")
-    elif exp == "fig2_router_rules":  # the cache-aware rows under the old rule (the rest: fig2_main)
+    elif exp == "fig2_router_rules":  # the cache-aware rows under the other rules (the rest: fig2_main)
         for wl in workloads:
-            add(["CacheAware+LRU", "CacheAware+RLT"], seeds=(0, 1, 2), workload=wl, low_match="smallest_tree")
+            for gen in ("le_0_2_3", "smg_1_13"):
+                add(["CacheAware+LRU", "CacheAware+RLT"], seeds=(0, 1, 2), workload=wl, generation=gen)
     elif exp == "regime_map":
         for r in sweep((4.0, 16.0, 32.0)):
             for kv in sweep((8192, 32768, 262144)):
-                add(["CacheAware+LRU", "CacheAware+RLT", "LBGR+RLT"], seeds=(0, 1), request_rate=r, kv_cache_tokens=kv)
+                add(["CacheAware+LRU", "CacheAware+RLT", "LBGR+RLT", "CacheAware(smg)+LRU"], seeds=(0, 1),
+                    request_rate=r, kv_cache_tokens=kv)
     elif exp == "fig4_order":
         add(six, workload="loogle", order="round_robin")
     elif exp == "fig5_request_rate":
@@ -125,10 +133,10 @@ PERF_EXPS = (
 
 
 def config(exp: str, c: dict) -> dict:
-    router, eviction, _, _ = SYSTEMS[c["system"]]
+    router, eviction, _, _ = system_spec(c["system"])
     r = {"_target_": f"repro.routing.{router}", "name": router}
-    if router == "cache_aware":  # sglang-router 0.3.2's rule unless the cell says otherwise
-        r["low_match"] = c.get("low_match", "least_loaded")
+    if router == "cache_aware":  # sglang-router 0.3.2's rule unless the cell or the system says otherwise
+        r["generation"] = c.get("generation", "smg_1_13" if c["system"] in SMG_SYSTEMS else "v0_3_2")
     if router == "lbgr":
         r.update(decay_interval_s=c.get("decay_interval_s", 0.1), decay_factor=0.9, tracker="approximate")
     wl = c.get("workload", "gsp")
@@ -167,7 +175,7 @@ def config(exp: str, c: dict) -> dict:
 def metrics(c: dict) -> dict:
     """The toy performance model (see the module docstring)."""
     system = c["system"]
-    _, eviction, q, bonus = SYSTEMS[system]
+    _, eviction, q, bonus = system_spec(system)
     ours = system in OURS
     rng = np.random.default_rng([c["seed"], sum(map(ord, system)), int(1000 * c.get("request_rate", 12.0))])
     noise = 1.0 + 0.02 * rng.standard_normal()
@@ -223,7 +231,7 @@ def provenance(exp: str, c: dict, cfg: dict) -> dict:
 
 
 def timings(c: dict) -> dict:
-    router, eviction, _, _ = SYSTEMS[c["system"]]
+    router, eviction, _, _ = system_spec(c["system"])
     n = c.get("num_queries", 1024)
     route_ms = {"random": 0.002, "round_robin": 0.001, "cache_aware": 0.05, "lbgr": 0.4}[router]
     evict_ms = {"lru": 0.02, "rlt": 0.3}[eviction]

@@ -13,11 +13,12 @@ from repro.figures import artefact
 from repro.figures.load import SYSTEM
 
 
-def test_router_rules_joins_fig2_and_labels_the_old_rule(fixture_results):
+def test_router_rules_joins_fig2_and_labels_the_other_rules(fixture_results):
     mod = artefact("fig2_router_rules")
     df, agg = mod.FIGURE.table(fixture_results)
     systems = set(agg[SYSTEM])
-    assert {"CacheAware+LRU (<=0.2.3)", "CacheAware+RLT (<=0.2.3)", "CacheAware+LRU", "LBGR+RLT"} <= systems
+    assert {"CacheAware+LRU (<=0.2.3)", "CacheAware+RLT (<=0.2.3)", "CacheAware+LRU (smg 1.13)",
+            "CacheAware+RLT (smg 1.13)", "CacheAware+LRU", "LBGR+RLT"} <= systems
     # the six systems' rows are fig2_main's own cells, unchanged
     fig2 = artefact("fig2_main").FIGURE.table(fixture_results)[1]
     key = ["workload.name", SYSTEM]
@@ -25,15 +26,15 @@ def test_router_rules_joins_fig2_and_labels_the_old_rule(fixture_results):
     assert len(both) == len(fig2)
     assert np.allclose(both["latency_p50_s"], both["latency_p50_s_fig2"])
     cap = mod.headline(df)
-    assert "(0.3.2)" in cap and "(<=0.2.3)" in cap
+    assert "(0.3.2)" in cap and "(<=0.2.3)" in cap and "(smg 1.13)" in cap
 
 
-def test_router_rules_refuses_new_rule_cells_in_its_own_folder(results_copy):
+def test_router_rules_refuses_the_papers_rule_in_its_own_folder(results_copy):
     d = next(p for p in sorted((results_copy / "fig2_router_rules").iterdir()))
     cfg = yaml.safe_load((d / "config.yaml").read_text())
-    cfg["router"]["low_match"] = "least_loaded"
+    cfg["router"]["generation"] = "v0_3_2"  # the paper's rule: fig2_main's
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ValueError, match="not under the old rule"):
+    with pytest.raises(ValueError, match="not under the other rules"):
         artefact("fig2_router_rules").FIGURE.table(results_copy)
 
 
@@ -41,7 +42,7 @@ def test_router_rules_refuses_fig2_cells_from_before_the_rule(results_copy):
     d = next(p for p in sorted((results_copy / "fig2_main").iterdir())
              if yaml.safe_load((p / "config.yaml").read_text())["router"]["name"] == "cache_aware")
     cfg = yaml.safe_load((d / "config.yaml").read_text())
-    del cfg["router"]["low_match"]  # a cell of the committed results before sglang-router 0.3.2's rule
+    del cfg["router"]["generation"]  # a cell from before router.generation existed
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match="rerun fig2_main"):
         artefact("fig2_router_rules").FIGURE.table(results_copy)

@@ -138,10 +138,14 @@ def test_grid_shapes(grids):
                 "fig12_output_len", "tab3_single_worker", "fig14_decay_interval", "fig2_router_rules"):
         assert swept(g[exp], "seed", int) == [0, 1, 2], exp  # close verdicts: judged against the seed noise
     rr = g["fig2_router_rules"]
-    assert len(rr) == 24 and policies(rr) == {"cache_aware_lru", "cache_aware_rlt"}
-    assert set(values(rr, "router.low_match")) == {"smallest_tree"}  # fig2_main holds the 0.3.2 rule's rows
+    assert len(rr) == 48 and policies(rr) == {"cache_aware_lru", "cache_aware_rlt"}
+    assert set(values(rr, "router.generation")) == {"le_0_2_3", "smg_1_13"}  # fig2_main holds 0.3.2's rows
     rm = g["regime_map"]
-    assert len(rm) == 180 and policies(rm) == {"cache_aware_lru", "cache_aware_rlt", "lbgr_rlt"}
+    assert len(rm) == 240 and policies(rm) == {"cache_aware_lru", "cache_aware_rlt", "lbgr_rlt", "cache_aware_smg_lru"}
+    assert set(values(rr, "policy_name")) <= {"CacheAware+LRU", "CacheAware+RLT"}
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        smg = compose("config", overrides=["exp=regime_map", "policy=cache_aware_smg_lru"])
+    assert (smg.router.generation, smg.router.name, smg.policy_name) == ("smg_1_13", "cache_aware_smg", "CacheAware(smg)+LRU")
     assert swept(rm, "workload.request_rate", float) == [4.0, 8.0, 16.0, 24.0, 32.0]
     assert swept(rm, "cluster.kv_cache_tokens", int) == [8192, 16384, 32768, 65536, 131072, 262144]
     assert set(values(g["fig4_order"], "workload.name")) == {"loogle"} and policies(g["fig4_order"]) == SIX

@@ -1,9 +1,10 @@
-"""Drive the real sglang-router 0.3.2 binary in front of fake workers that hold every request.
+"""Drive the real router binaries (sglang-router 0.3.2, smg 1.13.0) in front of fake workers that
+hold every request. What differs between the two binaries lives in `BINARIES` (one place).
 
 - `HoldingWorkers`: aiohttp apps on 127.0.0.1 (free ports) in the test's event loop. Each
   /generate records which worker got it (by the request's `rid`, which the router forwards),
   then waits until the test releases it, so the router's in-flight counts are exact.
-- `RealRouter`: `python -m sglang_router.launch_router` from the router venv (make router-env),
+- `RealRouter`: `python -m <launcher>` from the binary's venv (make router-env),
   bound to 127.0.0.1 with its Prometheus endpoint on another free 127.0.0.1 port, debug log to
   a file (the log tells how many empty-key inserts start-up made, i.e. the tree's epoch, and
   when the background trim ran). Ready = `/readiness` answers 200 (`/health` answers before
@@ -37,17 +38,41 @@ ROUTER_VERSION = "0.3.2"
 STEP_TIMEOUT_S = 10.0
 
 
-def router_python() -> Path | None:
-    """The router venv's interpreter ($REPRO_ROUTER_PYTHON, else .venv-router), if it has the wheel."""
-    env = os.environ.get("REPRO_ROUTER_PYTHON")
-    py = Path(env) if env else REPO / ".venv-router" / "bin" / "python"
+@dataclass(frozen=True)
+class Binary:
+    """One real router release: where its venv is, how to start it, what its log says."""
+
+    dist: str  # the PyPI distribution
+    version: str
+    launcher: str  # python -m <launcher>
+    venv: str  # default venv, relative to the repo (make router-env builds it)
+    env_var: str  # overrides the venv's interpreter
+    args: tuple[str, ...] = ()  # added to every start
+    # a debug-log line per routing decision: (marker, regex of its branch), if the binary writes one
+    decision_log: tuple[str, str] | None = None
+
+
+BINARIES = {
+    "0.3.2": Binary("sglang-router", "0.3.2", "sglang_router.launch_router", ".venv-router", "REPRO_ROUTER_PYTHON"),
+    # smg polls every worker's load by default (our fake workers report none: a "dark fleet") and
+    # vetoes overloaded workers; both read the workers' own reports, which these workers never send.
+    "smg_1_13": Binary("smg", "1.13.0", "smg.launch_router", ".venv-router", "REPRO_ROUTER_PYTHON",
+                       decision_log=("Cache-aware selection", r'branch="([a-z_]+)"')),
+}
+
+
+def router_python(binary: str = "0.3.2") -> Path | None:
+    """The binary's venv interpreter ($<env_var>, else its default venv), if it has the wheel."""
+    b = BINARIES[binary]
+    env = os.environ.get(b.env_var)
+    py = Path(env) if env else REPO / b.venv / "bin" / "python"
     if not py.exists():
         return None
     probe = subprocess.run(
-        [str(py), "-c", "import importlib.metadata as m; print(m.version('sglang-router'))"],
+        [str(py), "-c", f"import importlib.metadata as m; print(m.version({b.dist!r}))"],
         capture_output=True, text=True, timeout=60,
     )
-    return py if probe.returncode == 0 and probe.stdout.strip() == ROUTER_VERSION else None
+    return py if probe.returncode == 0 and probe.stdout.strip() == b.version else None
 
 
 # ------------------------------------------------------------------------------- workers
@@ -121,18 +146,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class RealRouter:
-    def __init__(self, python: Path, worker_urls: list[str], policy: str, args: list[str], log_path: Path) -> None:
+    def __init__(self, python: Path, worker_urls: list[str], policy: str, args: list[str], log_path: Path,
+                 binary: str = "0.3.2") -> None:
+        self.binary = BINARIES[binary]
         self.port, self.prom_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [
-            str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+            str(python), "-m", self.binary.launcher, "--host", "127.0.0.1", "--port", str(self.port),
             "--worker-urls", *worker_urls, "--policy", policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prom_port),
-            "--log-level", "debug", *args,
+            "--log-level", "debug", *self.binary.args, *args,
         ]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self._offset = self._evictions = self._init_epochs = 0
+        self.branches: list[str] = []  # the binary's own branch per decision, where it logs one
 
     def start(self) -> None:
         self._log = open(self.log_path, "w")
@@ -149,8 +177,11 @@ class RealRouter:
         end = chunk.rfind(b"\n") + 1
         self._offset += end
         for line in _ANSI.sub("", chunk[:end].decode(errors="replace")).splitlines():
-            if "Cache eviction completed for model" in line:
+            if "Cache eviction completed for model" in line or "String tree eviction completed for model" in line:
                 self._evictions += 1
+            log = self.binary.decision_log
+            if log is not None and log[0] in line:
+                self.branches.append(re.search(log[1], line).group(1))
             m = re.search(r"Initializing cache-aware policy with (\d+) workers", line)
             if m:
                 self._init_epochs += int(m.group(1))
@@ -169,7 +200,7 @@ class RealRouter:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+                raise RuntimeError(f"{self.binary.dist} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
             try:
                 async with session.get(f"{self.url}/readiness") as r:
                     if r.status == 200:
@@ -179,7 +210,7 @@ class RealRouter:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"sglang-router not ready within {timeout_s}s:\n{self.log()[-3000:]}")
+        raise TimeoutError(f"{self.binary.dist} not ready within {timeout_s}s:\n{self.log()[-3000:]}")
 
     async def workers(self, session: aiohttp.ClientSession) -> list[dict]:
         async with session.get(f"{self.url}/workers") as r:

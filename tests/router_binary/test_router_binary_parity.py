@@ -52,10 +52,10 @@ def gsp(seed: int, order: str = "random", n_groups: int = 8, per_group: int = 16
     return build_workload(cfg, seed, use_cache=False).requests
 
 
-async def with_router(tmp_path, m: int, policy: str, args: list[str], body):
+async def with_router(tmp_path, m: int, policy: str, args: list[str], body, python=None, binary="0.3.2"):
     workers = HoldingWorkers(m)
     await workers.start()
-    router = RealRouter(PY, workers.urls, policy, args, tmp_path / f"router-{policy}.log")
+    router = RealRouter(python or PY, workers.urls, policy, args, tmp_path / f"router-{policy}.log", binary)
     try:
         router.start()
         timeout = aiohttp.ClientTimeout(total=60)

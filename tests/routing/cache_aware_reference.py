@@ -10,6 +10,7 @@ repro/routing/cache_aware.py.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 
 
@@ -87,6 +88,7 @@ class RefTree:
             if n < len(c):
                 break
         node = self.nodes[cur]
+        self.last_holders = sorted(node.tenants) if matched else []  # smg: candidates on a hit
         if node.creator in node.tenants:
             tenant = node.creator
         elif node.tenants:
@@ -119,18 +121,37 @@ class RefTree:
                     del self.nodes[oldest]
         return ambiguous
 
+    def evict_total(self, limit: int) -> bool:
+        """smg's trim: one budget for all tenants together, the oldest (node, tenant) leaf of any
+        tenant first; True if an oldest leaf was not unique (see `evict`)."""
+        ambiguous = False
+        while sum(self.size.values()) > limit:
+            leaves = [(self.nodes[p].tenants[t], p, t) for p in self.nodes if p for t in self.size
+                      if self.is_leaf_for(p, t)]
+            if not leaves:
+                break
+            leaves.sort()
+            ambiguous |= len(leaves) > 1 and leaves[0][0] == leaves[1][0]
+            _, oldest, t = leaves[0]
+            self.size[t] -= len(oldest) - len(self.parent(oldest))
+            del self.nodes[oldest].tenants[t]
+            if not self.nodes[oldest].tenants and not self.children(oldest):
+                del self.nodes[oldest]
+        return ambiguous
+
     def dump(self) -> dict[str, tuple[dict[int, int], int | None]]:
         return {p: (dict(n.tenants), n.creator) for p, n in self.nodes.items() if p}
 
 
 class RefCacheAware:
-    def __init__(self, order: list[int], threshold=0.3, abs_thr=64, rel_thr=1.5, low_match="least_loaded"):
+    def __init__(self, order: list[int], threshold=0.3, abs_thr=64, rel_thr=1.5, generation="v0_3_2"):
         self.order = list(order)
         self.loads = {w: 0 for w in order}
         self.tree = RefTree(self.order)
         for w in self.order:
             self.tree.insert("", w)
-        self.threshold, self.abs_thr, self.rel_thr, self.low_match = threshold, abs_thr, rel_thr, low_match
+        self.threshold, self.abs_thr, self.rel_thr = threshold, abs_thr, rel_thr
+        self.generation = generation
 
     def first_min(self, value) -> int:
         best = self.order[0]
@@ -139,7 +160,35 @@ class RefCacheAware:
                 best = w
         return best
 
+    def least_loaded_lowest_id(self, candidates) -> tuple[int, bool]:
+        """smg: the least loaded (a tie: the lowest id, standing in for the binary's random pick)."""
+        low = min(self.loads[w] for w in candidates)
+        ties = sorted(w for w in candidates if self.loads[w] == low)
+        return ties[0], len(ties) > 1
+
+    def route_smg(self, key: str) -> tuple[int, str]:
+        """smg 1.13 (docs/ALGORITHMS.md §3): per-request spill gate, no global imbalance test."""
+        matched, _ = self.tree.match(key)
+        rate = f32(matched / len(key)) if key else 0.0
+        everyone = list(self.loads)
+        if self.tree.last_holders and rate > f32(self.threshold):
+            w, _ = self.least_loaded_lowest_id(self.tree.last_holders)
+            mean = sum(self.loads.values()) / len(self.loads)
+            margin = min(self.abs_thr, max(4, math.ceil(2 * math.sqrt(mean))))
+            if self.loads[w] > mean * self.rel_thr and self.loads[w] > mean + margin:
+                (w, _), branch = self.least_loaded_lowest_id(everyone), "spill"
+            else:
+                branch = "hit"
+        else:
+            w, tied = self.least_loaded_lowest_id(everyone)
+            branch = "low_match_tied" if tied else "low_match_untied"
+        self.tree.insert(key, w)
+        self.loads[w] += 1
+        return w, branch
+
     def route(self, key: str) -> tuple[int, str]:
+        if self.generation == "smg_1_13":
+            return self.route_smg(key)
         lo, hi = min(self.loads.values()), max(self.loads.values())
         if hi - lo > self.abs_thr and f32(hi) > f32(f32(lo) * f32(self.rel_thr)):
             w, branch = self.first_min(self.loads.__getitem__), "imbalanced"
@@ -149,7 +198,7 @@ class RefCacheAware:
             if rate > f32(self.threshold) and tenant is not None:
                 w, branch = tenant, "hit"
             else:
-                metric = self.loads if self.low_match == "least_loaded" else self.tree.size
+                metric = self.tree.size if self.generation == "le_0_2_3" else self.loads
                 w = self.first_min(metric.__getitem__)
                 tied = sum(1 for v in metric.values() if v == metric[w]) > 1
                 branch = "low_match_tied" if tied else "low_match_untied"

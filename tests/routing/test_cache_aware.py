@@ -35,7 +35,7 @@ def test_defaults_are_sglang_router_032():
     r = CacheAwareRouter()
     assert (r.cache_threshold, r.balance_abs_threshold, r.balance_rel_threshold) == (0.3, 64, 1.5)
     assert (r.eviction_interval_secs, r.max_tree_size) == (60.0, 2**26)
-    assert (r.match_on, r.low_match, r.worker_order) == ("auto", "least_loaded", "seeded")
+    assert (r.match_on, r.generation, r.worker_order) == ("auto", "v0_3_2", "seeded")
 
 
 def test_cache_branch_goes_to_matched_worker():
@@ -51,8 +51,8 @@ def test_cache_branch_goes_to_matched_worker():
 
 def test_low_match_least_loaded_vs_smallest_tree():
     # Worker 0 holds a long text and is idle again; worker 1 is busy with a short one.
-    for rule, expected in (("least_loaded", 0), ("smallest_tree", 1)):
-        r, v = router(low_match=rule)
+    for rule, expected in (("v0_3_2", 0), ("le_0_2_3", 1)):
+        r, v = router(generation=rule)
         a = req("x" * 50)
         assert r.select_worker(a, v, 0.0) == 0
         r.on_request_complete(a, 0, 1.0, 0.5, 0, 1.0)
@@ -230,13 +230,84 @@ def test_auto_mode_and_missing_text():
         {"cache_threshold": 1.5},
         {"balance_abs_threshold": -1},
         {"match_on": "bytes"},
-        {"low_match": "smallest"},
+        {"low_match": "smallest_tree"},  # replaced by generation: le_0_2_3
         {"max_tree_size": -5},
+        {"generation": "smg_1_10"},
+        {"generation": "smg_1_13", "balance_rel_threshold": 0.5},
     ],
 )
 def test_bad_config_fails_at_construction(kw):
     with pytest.raises(ValueError):
         CacheAwareRouter(**kw)
+
+
+def test_unknown_generation_names_the_choices():
+    with pytest.raises(ValueError, match="le_0_2_3.*v0_3_2.*smg_1_13"):
+        CacheAwareRouter(generation="0.4")
+
+
+def test_yaml_default_generation_is_the_papers():
+    from omegaconf import OmegaConf
+
+    from repro.confutil import PROJECT_ROOT
+
+    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "router" / "cache_aware.yaml")
+    assert cfg.generation == CacheAwareRouter().generation == "v0_3_2"
+
+
+# --- generation smg_1_13 (smg 1.13.0), hand-made cases; tests/routing/test_cache_aware_reference.py
+# checks it against a reference on random traffic, tests/router_binary against the binary
+def smg(m=3, **kw):
+    return router(m, generation="smg_1_13", **kw)
+
+
+def test_smg_hit_goes_to_the_least_loaded_holder():
+    r, v = smg(m=3)
+    r.pick_tie = min
+    r.route_key("shared prefix one", 0.0)  # low match, all idle: tie -> 0
+    assert r.last_branch == "low_match_tied" and r.last_ties == (0, 1, 2)
+    r.commit("shared prefix two", 2)  # worker 2 now holds the prefix as well
+    r.loads = [5, 0, 1]
+    assert r.route_key("shared prefix three", 0.0) == 2  # holders 0 and 2: 2 is less loaded
+    assert r.last_branch == "hit"  # 0.3.2 would send it to the creator, worker 0
+
+
+def test_smg_spill_gate_margin_is_two_sigma_rounded_up():
+    r, v = smg(m=3, balance_abs_threshold=64)
+    w = r.route_key("abcdefgh", 0.0)  # low match, a tie: a worker w of the seeded draw
+    others = [t for t in range(3) if t != w]
+    # mean 20/3: margin min(64, max(4, ceil(2 * 2.58))) = 6; w spills once its load > 6.67 + 6
+    for load, spills in ((12, False), (13, True)):
+        r.loads = [0] * 3
+        r.loads[w], r.loads[others[0]] = load, 20 - load
+        assert r.decide("abcdefgh!", 0.0) in ((others[1],) if spills else (w,))
+        assert r.last_branch == ("spill" if spills else "hit")
+    r.loads = [0, 0, 0]
+    r.loads[w] = 3  # mean 1: 3 > 1.5 and > 1 + 2, but the margin is never under 4
+    assert r.decide("abcdefgh!", 0.0) == w and r.last_branch == "hit"
+
+
+def test_smg_random_ties_follow_the_seed():
+    picks = []
+    for _ in range(2):
+        r, v = smg(m=4)
+        picks.append([])
+        for i in range(40):
+            w = r.route_key(f"{i} brand new", 0.0)  # all idle: a four-way tie
+            assert r.last_branch == "low_match_tied" and r.last_ties == (0, 1, 2, 3)
+            r.release(w)
+            picks[-1].append(w)
+    assert picks[0] == picks[1]
+    assert len(set(picks[0])) == 4  # ties spread over all workers (40 draws: all four with near certainty)
+
+
+def test_smg_trim_is_one_budget_for_the_tree():
+    r, v = smg(m=2, eviction_interval_secs=1, max_tree_size=10)
+    r.route_key("aaaaaaaa", 0.0)  # worker of the tie, 8 units
+    r.commit("bbbbbbbb", 1 - r.loads.index(1))  # the other worker, 8 units: total 16 > 10, each <= 10
+    r.route_key("zz", 1.5)  # due: trims the oldest leaf (the first key), whoever holds it
+    sizes = r.tree.used_size_per_tenant()
+    assert sum(sizes.values()) <= 10 and sorted(sizes.values()) in ([0, 8], [2, 8])
 
 
 # --- the match-rate test without numpy scalars (CacheAwareRouter._rate_above) vs float32 arithmetic

@@ -74,8 +74,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 1 or interval != int(interval):
             errs.append(f"router.eviction_interval_secs={interval!r}: sglang-router 0.3.2 needs a whole number "
                         f"of seconds >= 1 (it cannot turn trimming off)")
-        if get_path(cfg, "router.low_match", "least_loaded") != "least_loaded":
-            errs.append("router.low_match: sglang-router 0.3.2 only has least_loaded (smallest_tree is <= 0.2.3)")
+        if get_path(cfg, "router.generation", "v0_3_2") != "v0_3_2":
+            errs.append("router.generation: backend.router_impl=sglang_router runs sglang-router 0.3.2 (v0_3_2)")
     if get_path(cfg, "router.tracker") == "exact":
         errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
                     "the live backend needs tracker=approximate")

@@ -195,7 +195,7 @@ def sglang_router_command(
     """`python -m sglang_router.launch_router ...` (sglang-router 0.3.2 flags) for the cell's router.
 
     cache_aware passes our config's thresholds (same names and defaults as the Rust router);
-    match_on / low_match / worker_order have no Rust counterpart (the real router matches the
+    match_on / worker_order / generation have no Rust counterpart (the real router matches the
     request text, or the ids as decimal strings, and its load ties follow its registry order).
     Its Prometheus endpoint (default 0.0.0.0:29000, where a second router on the node would
     collide and panic) goes to `prometheus_port` on `host`.
