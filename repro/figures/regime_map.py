@@ -82,7 +82,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
         raise ValueError(f"results/{EXP}/ has no point with both systems of a panel")
     apply_style()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5.2 * len(PANELS), 3.6), squeeze=False)
-    for ax, (title, _, _, metric, sign) in zip(axes[0], PANELS):
+    for ax, (title, _, _, _metric, sign) in zip(axes[0], PANELS):
         p = r[r["panel"] == title]
         rates = sorted(p[RATE].unique())
         budgets = sorted(p[BUDGET].unique())
@@ -133,7 +133,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
 
 def caption_text(df: pd.DataFrame, r: pd.DataFrame) -> str:
     parts = [f"{TITLE}.", captions.provenance_caption(df, [SYSTEM, RATE, BUDGET])]
-    for title, _, _, metric, _ in PANELS:
+    for title, _, _, _metric, _ in PANELS:
         p = r[r["panel"] == title]
         holds = int((p["paper_direction"] & ~p["tie"]).sum())
         ties = int(p["tie"].sum())

@@ -65,7 +65,7 @@ SGLANG_DEFAULT_BACKEND = "sglang-default"  # ours: leave the tree to SGLang's ch
 
 def _drop_flag(argv: list[str], flag: str) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue
