@@ -144,8 +144,8 @@ def format_markdown(table: pd.DataFrame) -> str:
     for rate, part in table.groupby("rate", sort=True):
         systems = [s for s in SYSTEMS if s in set(part["system"])] + sorted(set(part["system"]) - set(SYSTEMS))
         n = int(part["real_n"].max()) if len(part) else 0
-        out.append(f"**{rate:g} req/s** (real: mean [min–max] over {n} run{'s' if n != 1 else ''}; sim: one run; "
-                   f"✓/✗: within target, blank: no target)\n")
+        real = f"real: mean [min–max] over {n} run{'s' if n != 1 else ''}" if n else "no real runs"
+        out.append(f"**{rate:g} req/s** ({real}; sim: one run; ✓/✗: within target, blank: no target)\n")
         out.append("| metric | " + " | ".join(f"{s} real | {s} sim" for s in systems) + " |")
         out.append("|---|" + "---|---|" * len(systems))
         for metric in dict.fromkeys(part["metric"]):
