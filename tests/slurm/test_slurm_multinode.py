@@ -173,3 +173,73 @@ def test_a_remote_server_that_never_gets_healthy_fails_the_start_naming_its_node
     assert not list((tmp_path / "results").glob("fig6_workers/*/summary.json"))
     time.sleep(1)
     assert not _procs_mentioning(tmp_path), "processes of the cell outlived it"
+
+
+def _marked_pids(mark: str) -> list[int]:
+    needle = f"REPRO_TEST_MARK={mark}".encode()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    with open(f"/proc/{d}/stat") as st:
+                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.sglang_server
+def test_a_real_sglang_server_on_each_node(slurm_cluster, tmp_path):
+    """A live_cpu_gsp cell in a 2-node job: one real SGLang server per node (node2's started by its node
+    agent through srun), our router and the client on node1; node2's servers stopped by `scancel -s TERM`
+    on its step; nothing left running anywhere."""
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip(f"needs 2 nodes, have {slurm_cluster}")
+    server_python = REPO / ".venv-sglang" / "bin" / "python"
+    if not server_python.is_file():
+        pytest.skip(f"no SGLang server environment at {server_python} (make sglang-server-env)")
+    name = unique_name()
+    mark = name
+    script = tmp_path / "job.sh"
+    overrides = ["+exp=live_cpu_gsp", "policy=cache_aware_rlt", f"backend.server.python={server_python}",
+                 "workload.num_queries=24", "workload.request_rate=4.0"]
+    script.write_text(
+        "#!/bin/bash\n"
+        f"cd {REPO}\n"
+        f"export REPRO_RESULTS_DIR={tmp_path / 'results'} WANDB_MODE=offline PYTHONPATH={REPO} REPRO_TEST_MARK={mark}\n"
+        f"exec {sys.executable} -m repro.run " + " ".join(map(shlex.quote, overrides)) + "\n"
+    )
+    script.chmod(0o755)
+    try:
+        out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--time=15", f"--job-name={name}",
+                              f"--output={tmp_path / 'job.out'}", str(script)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        job = out.stdout.strip().split(";")[0]
+        _wait_done(job, 900)
+        (row,) = sacct_rows(name, 1)
+    finally:
+        cancel_by_name(name)
+    log = (tmp_path / "job.out").read_text()
+    assert row["State"] == "COMPLETED", (row, log[-3000:])
+    (cell,) = (tmp_path / "results" / "live_cpu_gsp").glob("*/summary.json")
+    cell = cell.parent
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["num_requests"] == 24 and summary["num_failed"] == 0
+    assert summary["provenance"]["ran_on"] == "SGLang servers on CPU"
+    plan = json.loads((cell / "logs" / "plan.json").read_text())
+    assert [w["node"] for w in plan["workers"]] == ["node1", "node2"]
+    for i in range(2):
+        assert "The server is fired up and ready to roll" in (cell / "logs" / f"server{i}.log").read_text()
+    codes = json.loads((cell / "logs" / "exit_codes.json").read_text())
+    assert codes["node node2"] == 0, codes
+    assert "servers stopped (signal 15)" in (cell / "logs" / "node-node2.log").read_text()
+    left = _marked_pids(mark)
+    deadline = time.monotonic() + 60
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _marked_pids(mark)
+    assert not left, f"processes of the cell outlived it: {left}"

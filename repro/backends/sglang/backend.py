@@ -91,6 +91,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
         need = int(get_path(cfg, "cluster.num_workers", 1) or 1) * tp
         if len(gpus) < need:
             errs.append(f"backend.gpus lists {len(gpus)} GPUs; the cell needs num_workers x tensor_parallel = {need}")
+    if not emulate:
+        errs += _real_server_errors(cfg)
     send_ref = get_path(b, "client.send_reference_output", "auto")
     if send_ref not in ("auto", True, False):
         errs.append(f"backend.client.send_reference_output must be auto, true or false, got {send_ref!r}")
@@ -108,6 +110,45 @@ def validate_cell(cfg: Mapping) -> list[str]:
             if f is None or f in FAULTS or (isinstance(f, Mapping) and set(f) == {"exit_after_requests"}):
                 continue
             errs.append(f"backend.emulator fault {f!r}: use null, one of {FAULTS} or {{exit_after_requests: N}}")
+    return errs
+
+
+def _real_server_errors(cfg: Mapping) -> list[str]:
+    """Real servers: the hardware's server block, a KV budget on CPUs, a model directory that can be had,
+    an interpreter that exists (checked here, before any server starts)."""
+    import os
+
+    from repro.backends.sglang.planning import OrchestrationError, hardware_server, resolve_python
+    from repro.backends.sglang.tiny_model import GENERATE, ModelDirError, hf_config
+
+    errs: list[str] = []
+    try:
+        hw = hardware_server(cfg.get("hardware"))
+    except OrchestrationError as exc:
+        return [str(exc)]
+    if not hw["uses_gpus"] and get_path(cfg, "cluster.kv_cache_tokens") is None:
+        errs.append(f"hardware={get_path(cfg, 'hardware.name')} runs servers without GPUs: set cluster.kv_cache_tokens "
+                    f"(SGLang would size its KV pool from the machine's RAM)")
+    model = cfg.get("model") or {}
+    srv = get_path(cfg, "backend.server") or {}
+    if not srv.get("model_path"):
+        local = model.get("local_dir")
+        if local == GENERATE:
+            try:
+                hf_config(model)
+            except (ModelDirError, KeyError, TypeError) as exc:
+                errs.append(f"model {model.get('name')!r} (local_dir: generate): {exc}")
+        elif local and not os.path.isdir(os.path.expanduser(str(local))):
+            errs.append(f"model.local_dir {local!r} is not a directory")
+        elif not local and not model.get("hf_id"):
+            errs.append(f"model {model.get('name')!r}: no backend.server.model_path, local_dir or hf_id")
+    elif not os.path.isdir(os.path.expanduser(str(srv["model_path"]))) and "/" in str(srv["model_path"]) and \
+            str(srv["model_path"]).startswith(("/", ".", "~")):
+        errs.append(f"backend.server.model_path {srv['model_path']!r} is not a directory")
+    python = srv.get("python")
+    if python and not os.access(resolve_python(python), os.X_OK):
+        errs.append(f"backend.server.python {python!r} ({resolve_python(python)}) is not an executable file "
+                    f"(make sglang-server-env builds .venv-sglang)")
     return errs
 
 
@@ -135,7 +176,9 @@ def cell_log_dir(cfg: Mapping) -> Path:
     return Path(str(root)) / str(exp) / run_signature(identity(cfg)) / "logs"
 
 
-def _versions(emulate: bool) -> dict:
+def _versions(emulate: bool, server_python: str | None = None) -> dict:
+    """Library versions of the harness; SGLang's as the servers' interpreter has it."""
+    import subprocess
     from importlib import metadata
 
     from repro.backends.assembly import versions
@@ -146,6 +189,14 @@ def _versions(emulate: bool) -> dict:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "absent from the harness interpreter"
+    if not emulate and server_python:
+        try:
+            proc = subprocess.run([server_python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                                  capture_output=True, text=True, timeout=60)
+            if proc.returncode == 0 and proc.stdout.strip():
+                out["sglang"] = proc.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the servers ran, so it is there; the version stays as the harness sees it
     return out
 
 
@@ -156,6 +207,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     from repro.backends import assembly
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
+    from repro.backends.sglang.planning import hardware_server
 
     errs = validate_cell(cfg)
     if errs:
@@ -175,7 +227,8 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     report = result.client_report
     provenance = {
         "backend": "sglang",
-        "ran_on": "emulated SGLang workers (no GPU)" if plan.emulate else "SGLang servers on GPUs",
+        "ran_on": "emulated SGLang workers (no GPU)" if plan.emulate else (
+            "SGLang servers on GPUs" if hardware_server(plain.get("hardware"))["uses_gpus"] else "SGLang servers on CPU"),
         "emulate": plan.emulate,
         "time_scale": plan.time_scale,
         "router_impl": plan.router_impl,
@@ -185,7 +238,9 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
                                                   "callbacks_skipped", "callback_errors", "capacity_notes")}
         if result.router_stats else None,
         "server": None if plan.emulate else {k: v for k, v in (b.get("server") or {}).items() if k != "env"},
-        "versions": _versions(plan.emulate),
+        # what each real server's radix cache evicted, by its own count (rlt_patch's log line); None: no eviction
+        "server_evictions": None if plan.emulate else [w.get("eviction") for w in result.worker_stats or []],
+        "versions": _versions(plan.emulate, plan.workers[0].cmd[0] if plan.workers and not plan.emulate else None),
     }
     timings = {
         "routing": rs.get("routing"),

@@ -77,6 +77,30 @@ def _get_json(url: str, timeout_s: float = 10.0) -> Any:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def flush_cache(url: str, timeout_s: float = 60.0) -> None:
+    """POST /flush_cache to a real server; OrchestrationError naming it when the server refuses."""
+    import urllib.request
+
+    req = urllib.request.Request(url + "/flush_cache", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            resp.read()
+    except Exception as exc:
+        raise OrchestrationError(f"{url}/flush_cache failed before the replay: {type(exc).__name__}: {exc}") from exc
+
+
+def server_eviction_stats(log_path: str) -> dict | None:
+    """The last `repro-radix evict:` counters of a server log (None: nothing was evicted)."""
+    from repro.backends.sglang.rlt_patch import eviction_log_stats
+
+    try:
+        with open(log_path, "rb") as fh:
+            return eviction_log_stats(fh.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
 @dataclass
 class PlanResult:
     records: Any  # pandas DataFrame, RECORD_COLUMNS
@@ -134,14 +158,17 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             for r in remote:  # their addresses first, then everyone's health
                 plan.bind_urls(r.wait_addresses(min(t0 + plan.timeouts["server_start_s"], cell_deadline)))
                 servers += r.servers()
-            startup["workers_s"] = wait_healthy(servers, plan.timeouts["server_start_s"] - (time.monotonic() - t0),
-                                                deadline=cell_deadline) + (time.monotonic() - t0)
+            wait_healthy(servers, plan.timeouts["server_start_s"] - (time.monotonic() - t0), deadline=cell_deadline)
+            startup["workers_s"] = time.monotonic() - t0
             for p in servers:  # one that lost its port to another process answers /health through that one
                 rc = p.poll()
                 if rc is not None:
                     raise ServerStartError(p.describe_failure(f"exited with code {rc} while the others became healthy"))
             if remote:
                 write_json_atomic(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # with the real URLs
+            if not plan.emulate:  # the server's warm-up request left a path in the cache: every cell starts empty
+                for url in plan.worker_urls:
+                    flush_cache(url)
             router = ManagedProcess(plan.router)
             procs.append(router)
             router.start()
@@ -151,9 +178,11 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 raise CellTimeoutError(f"timeouts.cell_s={plan.timeouts['cell_s']:g}s spent before the replay started")
             client_cfg = ClientConfig(**plan.client)
 
+            local_servers = [p for p in procs if p is not router]
+
             async def _watch_nodes():  # a lost node or server fails the cell (it cannot be replaced)
                 while True:
-                    for r in remote:
+                    for r in remote + local_servers:
                         rc = r.poll()
                         if rc is not None:
                             return r, rc
@@ -171,6 +200,8 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                         return run.result()
                     if watch in done:
                         r, rc = watch.result()
+                        if isinstance(r, ManagedProcess):
+                            raise ServerStartError(r.describe_failure(f"exited with code {rc} in the middle of the cell"))
                         raise ServerStartError(r.failure(f"the server step ended with code {rc} in the middle of "
                                                          f"the cell"))
                     raise CellTimeoutError(
@@ -188,10 +219,12 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             if plan.router_impl == "ours":
                 router_stats = _get_json(f"{plan.router_url}/stats")
                 write_json_atomic(os.path.join(plan.log_dir, "router_stats.json"), router_stats)
-            worker_stats = None
             if plan.emulate:
                 worker_stats = [_get_json(u + "/emulator/stats", 5.0) for u in plan.worker_urls]
-                write_json_atomic(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
+            else:  # what each server's radix cache evicted, from its own log (rlt_patch's evidence line)
+                worker_stats = [{"worker_id": i, "eviction": server_eviction_stats(spec.log_path)}
+                                for i, spec in enumerate(plan.workers)]
+            write_json_atomic(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
             return PlanResult(records, report, router_stats, worker_stats, startup)
     finally:
         grace = plan.timeouts["shutdown_grace_s"]

@@ -295,7 +295,7 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
             if getattr(self, "_repro_log_evictions", False) and result.num_tokens_evicted:
                 self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + result.num_tokens_evicted
                 logger.info("%s policy=%s asked=%d evicted=%d total=%d", EVICT_LOG_PREFIX,
-                            getattr(self.eviction_strategy, "name", type(self.eviction_strategy).__name__).lower(),
+                            self.eviction_policy,
                             params.num_tokens, result.num_tokens_evicted, self._repro_evicted_total)
             return result
         strategy = self.eviction_strategy

@@ -20,6 +20,7 @@ Argument handling (everything else is passed to SGLang unchanged):
 * `--radix-eviction-policy lru` (or any SGLang policy) adds `--radix-cache-backend repro_radix`
   too, so the paper's two systems run on the same tree class (SGLang's plain RadixCache) and
   differ only in the eviction policy; REPRODUCE.md ("SGLang's two radix caches") says why.
+  `--radix-cache-backend sglang-default` (ours) leaves the choice to SGLang (UnifiedRadixCache).
 * `--check-spawn` (ours, alone): start one child the way the engine starts a scheduler, print
   what the child sees (is `rlt` registered?) as JSON, exit 0 iff the patch reached it. A
   pre-flight check for GPU nodes; the CPU tests run it too.
@@ -59,12 +60,36 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
+SGLANG_DEFAULT_BACKEND = "sglang-default"  # ours: leave the tree to SGLang's chain (UnifiedRadixCache in 0.5.23)
+
+
+def _drop_flag(argv: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = True
+            continue
+        if arg.startswith(flag + "="):
+            continue
+        out.append(arg)
+    return out
+
+
 def build_sglang_argv(argv: list[str]) -> list[str]:
     """The SGLang argv for our argv (see the module docstring); raises SystemExit on a bad combination."""
     argv = list(argv)
     policy = _flag_value(argv, "--radix-eviction-policy")
+    backend = _flag_value(argv, "--radix-cache-backend")
+    if backend == SGLANG_DEFAULT_BACKEND:
+        if policy is not None and policy.lower() == rlt_patch.RLT_POLICY_NAME:
+            raise SystemExit(f"error: --radix-cache-backend {SGLANG_DEFAULT_BACKEND} builds UnifiedRadixCache, "
+                             f"which RLT's hooks do not reach")
+        return _drop_flag(argv, "--radix-cache-backend")  # SGLang's own selection chain
     if policy is None or policy.lower() != rlt_patch.RLT_POLICY_NAME:
-        if "--disable-radix-cache" not in argv and _flag_value(argv, "--radix-cache-backend") is None:
+        if "--disable-radix-cache" not in argv and backend is None:
             argv += ["--radix-cache-backend", rlt_patch.RADIX_BACKEND_NAME]  # the same tree as RLT's
         return argv
     if "--disable-radix-cache" in argv:
