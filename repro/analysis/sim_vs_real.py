@@ -159,6 +159,8 @@ def format_markdown(table: pd.DataFrame) -> str:
                 digits = 0 if "requests" in metric else 1
                 real = (f"{_num(r.real_mean, digits)} [{_num(r.real_min, digits)}–{_num(r.real_max, digits)}]"
                         if r.real_n else "–")
+                if 0 < r.real_n < n:  # fewer repeats of this system than of others
+                    real += f" (n={int(r.real_n)})"
                 mark = {True: " ✓", False: " ✗"}.get(r.within, "")
                 cells += [real, _num(r.sim, digits) + mark]
             unit = part[part["metric"] == metric]["unit"].iloc[0]

@@ -65,7 +65,7 @@ def test_markdown_has_every_system_and_metric(root, tmp_path):
     assert "**2 req/s**" in text and "over 3 runs" in text
     header = next(line for line in text.splitlines() if line.startswith("| metric"))
     assert header.index("RoundRobin+LRU real") < header.index("LBGR+RLT real")  # the paper's order
-    assert "| hit rate (%) | 30.0 [30.0–30.0] | 40.0 ✗ | 52.0 [50.0–54.0] | 54.5 ✓ |" in text
+    assert "| hit rate (%) | 30.0 [30.0–30.0] (n=1) | 40.0 ✗ | 52.0 [50.0–54.0] | 54.5 ✓ |" in text  # RR ran once
     out = tmp_path / "t.md"
     assert svr.main(["table", "--root", str(root), "--out", str(out)]) == 0
     assert out.read_text().strip() == text.strip() and out.with_suffix(".csv").is_file()
