@@ -7,7 +7,8 @@ and through the simulator, side by side.
 
 `run` calls `python -m repro.run +exp=live_cpu_gsp workload.request_rate=R` once per rate into
 <root>/sim (backend=sim) and `--repeats` times into <root>/real/rep<i> (backend=sglang, real servers);
-`--skip-real` / `--skip-sim` leave one side out. `table` reads every cell's summary.json and requests.parquet
+`--skip-real` / `--skip-sim` leave one side out; `--sim-slowdown F` runs the simulator with every step F times
+longer (time coefficients x F, efficiencies / F) into <root>/sim_slow<F> (`table --sim sim_slow<F>`). `table` reads every cell's summary.json and requests.parquet
 under those folders and writes the markdown table: per rate and system, the real runs' mean and range
 (min-max over repeats) and the simulator's value, for hit rate, P50/P95 latency and TTFT, and requests per
 worker (busiest / least busy server), with the targets checked: hit rate within 3 points, requests per
@@ -81,16 +82,16 @@ def read_cell(path: Path, side: str, repeat: str) -> Cell:
                 int(summary["num_failed"]), path)
 
 
-def collect(root: Path, exp: str = EXP) -> list[Cell]:
-    """Every finished cell of `exp` under <root>/sim and <root>/real/<repeat>."""
+def collect(root: Path, exp: str = EXP, sim: str = "sim") -> list[Cell]:
+    """Every finished cell of `exp` under <root>/<sim> and <root>/real/<repeat>."""
     cells: list[Cell] = []
-    for summary in sorted((root / "sim" / exp).glob("*/summary.json")):
-        cells.append(read_cell(summary.parent, "sim", "sim"))
+    for summary in sorted((root / sim / exp).glob("*/summary.json")):
+        cells.append(read_cell(summary.parent, "sim", sim))
     for rep in sorted(p for p in (root / "real").glob("*") if p.is_dir()):
         for summary in sorted((rep / exp).glob("*/summary.json")):
             cells.append(read_cell(summary.parent, "real", rep.name))
     if not cells:
-        raise TableError(f"no finished {exp} cells under {root}/sim or {root}/real/*")
+        raise TableError(f"no finished {exp} cells under {root}/{sim} or {root}/real/*")
     return cells
 
 
@@ -169,13 +170,36 @@ def format_markdown(table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+TIME_COEFS = ("t_cpu_s", "t_cpu_prefix_s", "t_floor_s")
+ETA_COEFS = ("eta_gemm", "eta_weights", "eta_attn", "eta_kv", "eta_head")
+
+
+def slowdown_overrides(cost_model: dict, factor: float) -> list[str]:
+    """Hydra overrides that make every step `factor` times longer: time coefficients x factor, efficiencies
+    / factor (p unchanged: each soft-max term scales alike)."""
+    out = [f"model.cost_model.{k}={float(cost_model[k]) * factor:.8g}" for k in TIME_COEFS]
+    return out + [f"model.cost_model.{k}={float(cost_model[k]) / factor:.8g}" for k in ETA_COEFS]
+
+
+def sim_folder(slowdown: float) -> str:
+    return "sim" if slowdown == 1 else f"sim_slow{slowdown:g}"
+
+
 def run_cells(root: Path, rates: Sequence[float], repeats: int, python: str | None, skip_real: bool,
-              skip_sim: bool, extra: Sequence[str]) -> None:
+              skip_sim: bool, extra: Sequence[str], slowdown: float = 1.0) -> None:
     base = [sys.executable, "-m", "repro.run", f"+exp={EXP}"]
+    sim_extra: list[str] = []
+    if slowdown != 1:
+        import yaml
+
+        from repro.confutil import CONF_DIR
+
+        model = yaml.safe_load((CONF_DIR / "model" / "tiny_llama.yaml").read_text())
+        sim_extra = slowdown_overrides(model["cost_model"], slowdown)
     for rate in rates:
         common = [f"workload.request_rate={rate:g}", *extra]
         if not skip_sim:
-            cmd = base + ["backend=sim", f"results_dir={root / 'sim'}", *common]
+            cmd = base + ["backend=sim", f"results_dir={root / sim_folder(slowdown)}", *common, *sim_extra]
             print("$", " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
         if not skip_real:
@@ -205,21 +229,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--python", default=None, help="the SGLang servers' interpreter (backend.server.python)")
     r.add_argument("--skip-real", action="store_true")
     r.add_argument("--skip-sim", action="store_true")
+    r.add_argument("--sim-slowdown", type=float, default=1.0,
+                   help="simulator cells with every step this many times longer, into <root>/sim_slow<F>")
     r.add_argument("overrides", nargs="*", help="more Hydra overrides for every cell (e.g. policy=lbgr_rlt)")
     t = sub.add_parser("table", help="write <root>/table.md from the cells")
     t.add_argument("--root", required=True)
+    t.add_argument("--sim", default="sim", help="the simulator's folder under root (e.g. sim_slow3)")
     t.add_argument("--out", default=None, help="default: <root>/table.md")
     args = ap.parse_args(argv)
     root = Path(args.root)
     if args.cmd == "run":
         if args.repeats < 1:
             ap.error("--repeats must be >= 1")
+        if not args.sim_slowdown > 0:
+            ap.error("--sim-slowdown must be > 0")
         if not args.skip_real and not args.python:
             ap.error("--python (the SGLang servers' interpreter) is needed for the real cells (or --skip-real)")
-        run_cells(root, args.rates, args.repeats, args.python, args.skip_real, args.skip_sim, args.overrides)
+        run_cells(root, args.rates, args.repeats, args.python, args.skip_real, args.skip_sim, args.overrides,
+                  args.sim_slowdown)
         return 0
     try:
-        table = compare(collect(root))
+        table = compare(collect(root, sim=args.sim))
     except TableError as exc:
         raise SystemExit(f"sim_vs_real: {exc}") from None
     text = format_markdown(table)

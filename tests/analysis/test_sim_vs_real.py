@@ -86,3 +86,21 @@ def test_run_needs_the_server_python_for_real_cells(tmp_path, capsys):
     assert "--python" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         svr.main(["run", "--root", str(tmp_path), "--rates", "0,x", "--skip-real"])
+
+
+def test_slowdown_overrides_make_every_step_longer_by_the_factor():
+    import yaml
+
+    from repro.confutil import CONF_DIR
+    from repro.costmodel.model import StepCostModel
+
+    model = yaml.safe_load((CONF_DIR / "model" / "tiny_llama.yaml").read_text())
+    hardware = yaml.safe_load((CONF_DIR / "hardware" / "cpu.yaml").read_text())
+    slow = dict(model, cost_model=dict(model["cost_model"]))
+    for o in svr.slowdown_overrides(model["cost_model"], 3.0):
+        key, value = o.split("=")
+        slow["cost_model"][key.split(".")[-1]] = float(value)
+    a, b = StepCostModel.from_config(model, hardware), StepCostModel.from_config(slow, hardware)
+    for args in ((300, 300 * 150.0, 0, 0), (16, 16 * 2056.0, 0, 0), (0, 0.0, 8, 8 * 400.0), (64, 64 * 32.0, 4, 1200.0)):
+        assert b.step_time_s(*args) == pytest.approx(3 * a.step_time_s(*args), rel=1e-6)
+    assert svr.sim_folder(1.0) == "sim" and svr.sim_folder(3.0) == "sim_slow3"
