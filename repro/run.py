@@ -79,7 +79,7 @@ def _run_grid(cfg: DictConfig) -> int:
     from repro.harness.validate import ConfigError
 
     hc = HydraConfig.get()
-    params = OmegaConf.to_container(hc.sweeper.params) if hc.sweeper.get("params") is not None else None
+    params = OmegaConf.to_container(hc.sweeper.params, resolve=True) if hc.sweeper.get("params") is not None else None
     prepared: PreparedArgv = _state["prepared"]
     if not any(o.split("=", 1)[0].lstrip("+") == "exp" for o in prepared.overrides):
         print(f"repro.run: no +exp=NAME given: the default cell(s) go to {cfg.results_dir}/{cfg.exp_name}/ "

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A package may import its own modules, the packages ALLOWED names, nothing else.
 LAYERS = (
     ("repro", "confutil", "fileio"),
+    ("codehash",),
     ("kvcache", "costmodel", "workloads", "metrics", "results", "tracking"),
     ("routing", "sim", "theory"),
     ("backends",),
@@ -32,18 +33,19 @@ ALLOWED: dict[str, set[str]] = {
     "repro": set(),
     "confutil": set(),
     "fileio": set(),
+    "codehash": BASE,  # the code digests of fingerprints and of the workload cache's keys
     "kvcache": BASE,
     "costmodel": BASE,
     "metrics": BASE,
-    "results": BASE,
+    "results": BASE | {"codehash"},
     "tracking": BASE,  # writes W&B files from a cell's files; the cell runner (harness) calls it
-    "workloads": BASE | {"kvcache"},  # stats.py measures prefix sharing with a radix cache
+    "workloads": BASE | {"codehash", "kvcache"},  # stats.py measures prefix sharing with a radix cache
     "routing": BASE | {"kvcache", "costmodel", "workloads"},
     "sim": BASE | {"kvcache", "costmodel", "workloads", "metrics", "routing"},  # the cluster asks its router
     "theory": BASE | {"kvcache", "workloads", "results"},
     "backends": BASE | {"kvcache", "costmodel", "workloads", "metrics", "results", "routing", "sim", "theory"},
     # the harness sees caches, routers and the simulator only through a backend (repro/backends/assembly.py)
-    "harness": BASE | {"workloads", "metrics", "results", "tracking", "backends"},
+    "harness": BASE | {"codehash", "workloads", "metrics", "results", "tracking", "backends"},
     "figures": BASE | {"kvcache", "costmodel", "workloads", "metrics", "results", "tracking",
                        "routing", "sim", "theory", "backends", "harness"},
     "analysis": BASE | {"kvcache", "costmodel", "workloads", "metrics", "results", "tracking",

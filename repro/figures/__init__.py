@@ -3,6 +3,7 @@
     python -m repro.figures [NAME ...] [--results-dir results] [--figures-dir figures]
                             [--run-missing] [--check]
 
+Any other experiment folder (the user's own `exp_name=...`) is drawn by repro.figures.generic.
 One module per artefact (ARTEFACTS, in the paper's order); each has `NAME`, `EXP` (its
 results/<EXP>/ folder, the same name as conf/exp/<EXP>.yaml) and
 `render(results_dir, figures_dir) -> list[Path]`. Shared parts: load (the one results
@@ -58,15 +59,14 @@ def artefact(name: str) -> ModuleType:
 
 
 def experiment_of(name: str) -> str:
-    """results/<exp>/ and conf/exp/<exp>.yaml of an artefact (the same name for every artefact)."""
-    if name not in ARTEFACTS:
-        raise KeyError(name)
+    """results/<exp>/ and conf/exp/<exp>.yaml of an artefact (the same name for every artefact, and
+    for any other experiment folder, drawn by repro.figures.generic)."""
     return name
 
 
 def experiments_read(name: str) -> tuple[str, ...]:
     """Every results/<exp>/ an artefact reads: its own, and its module's BASE_EXP if it has one."""
-    base = getattr(artefact(name), "BASE_EXP", None)
+    base = getattr(artefact(name), "BASE_EXP", None) if name in ARTEFACTS else None
     return (experiment_of(name),) + ((base,) if base else ())
 
 
@@ -82,7 +82,12 @@ def render_artefact(name: str, results_dir, figures_dir) -> str | None:
     t0 = time.perf_counter()
     results_dir, figures_dir = Path(results_dir), Path(figures_dir)
     try:
-        paths = artefact(name).render(results_dir, figures_dir)
+        if name in ARTEFACTS:
+            paths = artefact(name).render(results_dir, figures_dir)
+        else:  # an experiment folder of no paper artefact: the user's own
+            from repro.figures import generic
+
+            paths = generic.render(name, results_dir, figures_dir)
     except (ArtefactUnavailable, ResultsError, FileNotFoundError, ValueError) as exc:
         print(f"[render] {name}: skipped — {exc}", file=sys.stderr, flush=True)
         return f"{name}: {exc}"

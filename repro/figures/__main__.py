@@ -1,10 +1,12 @@
 """python -m repro.figures [NAME ...] [--results-dir results] [--figures-dir figures]
                           [--reproduce-md REPRODUCE.md] [--run-missing] [--check]
 
-Default: render the named artefacts (all when none is named) from results/ only, then rewrite
-figures/claims.md, figures/README.md and REPRODUCE.md's generated blocks (claims are always
-computed from all results; REPRODUCE.md only when rendering the repository's own results/, or the
-file given with --reproduce-md). --run-missing first runs the cells of every experiment whose results are missing or
+Default: render the named artefacts (all when none is named) from results/ only; a NAME that is no
+paper artefact but an experiment folder of --results-dir (your own exp_name) is drawn as a bar
+grid or a sweep strip picked from its cells (repro.figures.generic). Only a whole build (no NAME)
+whose artefacts all rendered then rewrites figures/claims.md, figures/README.md and REPRODUCE.md's
+generated blocks (claims are computed from all results; REPRODUCE.md only when rendering the
+repository's own results/, or the file given with --reproduce-md). --run-missing first runs the cells of every experiment whose results are missing or
 incomplete, all experiments' cells in one worker pool of this process (the same cells and files
 as `python -m repro.run +exp=NAME`; finished cells are skipped).
 --check writes nothing: it recomputes the claims table and REPRODUCE.md's generated blocks and
@@ -187,9 +189,10 @@ def main(argv=None) -> int:
     from repro.harness.freshness import use_project_cache
 
     use_project_cache()  # staleness of the cells read (captions) hashes data files: memo in the project
-    unknown = [n for n in a.names if n not in ARTEFACTS]
+    unknown = [n for n in a.names if n not in ARTEFACTS and not (Path(a.results_dir) / n).is_dir()]
     if unknown:
-        log(f"unknown figure/table {unknown}; known: {', '.join(ARTEFACTS)}")
+        log(f"unknown figure/table {unknown}, and no such experiment folder in {a.results_dir}; known: "
+            f"{', '.join(ARTEFACTS)} (or any results folder's experiment, drawn by repro.figures.generic)")
         return 2
     if a.check and a.run_missing:
         log("--check compares committed results; it cannot be combined with --run-missing")
@@ -219,7 +222,14 @@ def main(argv=None) -> int:
         t_run = time.perf_counter() - t0
         problems += [p for p in drawn.values() if p is not None]
         problems += render([n for n in names if n not in drawn], results_dir, figures_dir)
-        claims_table = write_generated(results_dir, figures_dir, reproduce_md)
+        claims_table = None
+        if a.names:  # the claims and REPRODUCE.md read every paper experiment: only a whole build writes them
+            log("[claims] named artefacts only: claims.md, figures/README.md and REPRODUCE.md left alone "
+                "(`make figures` writes them)")
+        elif problems:  # never "no data" for what failed to render
+            log(f"[claims] {len(problems)} artefact(s) failed: claims.md, figures/README.md and REPRODUCE.md left alone")
+        else:
+            claims_table = write_generated(results_dir, figures_dir, reproduce_md)
     if a.tracking != "disabled":
         from repro.tracking.figures import log_figures_run
 

@@ -35,7 +35,8 @@ import pandas as pd
 
 from repro.figures import captions
 from repro.figures.load import METRICS, SYSTEM, aggregate, load_cells, require
-from repro.figures.style import LOG_METRICS, METRIC_LABELS, add_caption, apply_style, save_figure, system_colors, system_order, write_text
+from repro.figures.style import (LOG_METRICS, METRIC_LABELS, PAPER_SYSTEMS, add_caption, apply_style, save_figure,
+                                 system_colors, system_order, write_text)
 
 PERCENT_METRICS = ("hit_rate",)
 # Facet rows in the paper's order where it has one; anything else sorts after, by name.
@@ -113,6 +114,16 @@ def log_axis(ax, lo: float | None = None, hi: float | None = None) -> None:
         ax.set_ylim(lo / pad, hi * pad)
 
 
+_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def counted(text: str, systems) -> str:
+    """A title's "the six systems" as the number of systems drawn (a user's seventh included)."""
+    n = len(list(systems))
+    word = _NUMBER_WORDS[n] if n < len(_NUMBER_WORDS) else str(n)
+    return text.replace("six systems", f"{word} system" + ("" if n == 1 else "s"))
+
+
 def _fmt_x(v) -> str:
     if isinstance(v, (float, np.floating)) and float(v).is_integer():
         return str(int(v))
@@ -171,13 +182,17 @@ class PerfFigure:
     # -- text ---------------------------------------------------------------------------
     def caption(self, df: pd.DataFrame) -> str:
         keys = self.point_keys(df)
-        parts = [f"{self.title}.", captions.provenance_caption(df, keys)]
+        systems = system_order(df[SYSTEM])
+        parts = [f"{counted(self.title, systems)}.", captions.provenance_caption(df, keys)]
         if self.caption_extra is not None:
             extra = self.caption_extra(df)
             if extra:
                 parts.append(extra)
         if self.notes:
             parts.append(self.notes)
+        extra = [s for s in systems if s not in PAPER_SYSTEMS and s not in self.notes]
+        if extra:
+            parts.append(f"Beyond the paper's six systems: {', '.join(extra)}.")
         parts.append(f"All latency and TTFT panels share one scale: logarithmic when the values of any of them span "
                      f"more than {LOG_SPAN:g}x, else linear" + (" from 0." if self.kind == "bars" else
                      "; bands are ± SD over seeds where there are several; points of neighbouring systems are "
@@ -234,7 +249,7 @@ class PerfFigure:
         height = fig.get_figheight()
         top = 1 - 0.62 / height  # fixed 0.62 in above the panels for the title and the legend
         fig.tight_layout(rect=(0, 0, 1, top))
-        fig.suptitle(self.title, y=1 - 0.08 / height, fontsize=9)
+        fig.suptitle(counted(self.title, systems), y=1 - 0.08 / height, fontsize=9)
         fig.legend(handles=handles, loc="upper center", ncol=min(len(systems), 6), frameon=False,
                    bbox_to_anchor=(0.5, 1 - 0.26 / height))
         caption = self.caption(df)

@@ -152,7 +152,7 @@ def _plan(exp: str, overrides: Sequence[str], composer: GridComposer, memo: _Mem
         plain, _ = split_sweep_overrides(ovs)  # as repro.run: sweeps join the grid, not the run config
         with_hydra = compose(config_name="config", overrides=plain, return_hydra_config=True)
         sp = with_hydra.hydra.sweeper.get("params")
-        params = OmegaConf.to_container(sp) if sp is not None else None
+        params = OmegaConf.to_container(sp, resolve=True) if sp is not None else None
         cells = expand_grid(params, ovs)
         compose_cells(cells, composer)
     except ConfigError as exc:
@@ -268,10 +268,10 @@ def run_experiments(
         mine = mine_of[p.exp]
         local = [dataclasses.replace(o, index=c.index) for o, c in zip(mine, p.cells)]
         print(format_table(summary_table(p.cells, local)), file=out)
-        counts = {s: sum(o.status == s for o in local) for s in ("ran", "skipped", "failed")}
+        counts = {s: sum(o.status == s for o in local) for s in ("ran", "copied", "skipped", "failed")}
         root = f"{specs[0].results_dir}/{p.exp}" if specs else "."
-        print(f"{p.exp}: {counts['ran']} ran, {counts['skipped']} skipped (finished), {counts['failed']} failed "
-              f"-> {root}", file=out)
+        print(f"{p.exp}: {counts['ran']} ran, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
+              f"skipped (finished), {counts['failed']} failed -> {root}", file=out)
         for o in local:
             if o.status == "failed" and not o.extra.get("same_as_cell"):
                 print(f"  cell {o.index} FAILED: {o.error}  (traceback: {o.extra.get('error_file', '?')})", file=out)

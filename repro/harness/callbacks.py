@@ -31,7 +31,7 @@ class ValidateGridCallback(Callback):
             log.info("grid validation skipped: sweeper %s is not Hydra's basic sweeper", sweeper)
             return
         params = OmegaConf.select(config, "hydra.sweeper.params")
-        params = OmegaConf.to_container(params) if params is not None else None
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else None
         overrides = list(OmegaConf.select(config, "hydra.overrides.task") or [])
         config_name = OmegaConf.select(config, "hydra.job.config_name") or "config"
         try:

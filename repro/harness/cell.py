@@ -78,7 +78,7 @@ class CellSpec:
 class CellOutcome:
     index: int
     signature: str
-    status: str  # "ran" | "skipped" | "failed" | "busy" (locked by another live process)
+    status: str  # "ran" | "copied" (from a finished twin) | "skipped" | "failed" | "busy" (locked by another live process)
     dir: str
     summary: dict | None = None
     error: str | None = None
@@ -319,7 +319,7 @@ def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t
         _check_lock(lock, store)
         store.write_bytes(SUMMARY, files[SUMMARY])  # last: marks the cell finished
         attempt.failed = False
-        out.status, out.summary = "ran", summary
+        out.status, out.summary = "copied", summary
         out.extra["reused_from"] = str(twin.dir)
         tracker.progress(1.0)
         tracker.log_result(summary, None)

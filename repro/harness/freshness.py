@@ -1,8 +1,10 @@
 """Is a finished cell fresh? Its fingerprint (repro.results.fingerprint) against the checkout's.
 
 A cell's inputs besides its config: the code it runs — the import closure of its backend
-module, of every `_target_` in its config (router, workload) and of the writers of its files
-(repro.metrics, repro.results.store) — the files shipped with that code (cost-model profile),
+module, of every `_target_` in the part of its config the backend reads (its `identity`: a
+theory cell names no router) and of the writers of its files (repro.metrics,
+repro.results.store), out-of-tree modules included (repro.codehash) — the files shipped with
+that code (cost-model profile),
 the workload's data file (sha256, from the workload's own `resolve_data`) and the versions of
 the libraries the closure imports. Not inputs: the harness's orchestration, tracking, figures.
 
@@ -17,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from repro.codehash import stat_identity
 from repro.confutil import PROJECT_ROOT
 from repro.results import fingerprint as fp
 from repro.results.store import SUMMARY
@@ -50,11 +53,12 @@ def _targets(node: Any, out: list[str]) -> None:
 
 
 def code_roots(cfg: Mapping) -> list[str]:
+    """The backend's module, the file writers and every `_target_` of the cell's identity config."""
     from repro.backends import backend_module_path
 
     name = str((cfg.get("backend") or {}).get("name"))
     roots = [backend_module_path(name).partition(":")[0], *WRITER_MODULES]
-    _targets(cfg, roots)
+    _targets(_identity(cfg), roots)
     return roots
 
 
@@ -83,7 +87,7 @@ def data_inputs(identity_cfg: Mapping) -> dict:
 
 
 def _stamp(path: Path | None) -> tuple:
-    """(name, size, mtime_ns) of a data file or of the files of a data folder (memo validity)."""
+    """Stat identities (repro.codehash.stat_identity) of a data file or of a data folder's files."""
     if path is None:
         return ()
     p = Path(path)
@@ -91,19 +95,16 @@ def _stamp(path: Path | None) -> tuple:
     out = []
     for f in files:
         try:
-            st = f.stat()
-            out.append((str(f), st.st_size, st.st_mtime_ns))
+            out.append((str(f), stat_identity(f.stat())))
         except OSError:
-            out.append((str(f), None, None))
+            out.append((str(f), None))
     return tuple(out)
 
 
 def cell_fingerprint(cfg: Mapping, *, root_dir: Path | None = None) -> dict:
     """The fingerprint this checkout gives a cell with resolved config `cfg`."""
     root = Path(root_dir or PROJECT_ROOT)
-    roots = code_roots(cfg)
-    packages = sorted({"repro"} | {r.split(".")[0] for r in roots[:1] if fp._module_file(root, r)[0] is not None})
-    parts = fp.code_fingerprint(roots, root_dir=root, packages=packages, exclude=NOT_INPUTS)
+    parts = fp.code_fingerprint(code_roots(cfg), root_dir=root, exclude=NOT_INPUTS)
     return fp.finish({**parts, "data": data_inputs(_identity(cfg))})
 
 

@@ -82,8 +82,21 @@ class ReproSchema:
     local: Dict[str, Any] = field(default_factory=dict)  # per-site values (conf/local/), referenced by interpolation
 
 
+def paper_systems(*extra: str) -> str:
+    """`${systems:a,b}`: the paper's six systems (conf/exp/shared/six_systems.yaml, the one list)
+    followed by the policy options `extra`, as one sweep value (docs/EXTENDING.md)."""
+    import yaml
+
+    from repro.confutil import CONF_DIR
+
+    six = yaml.safe_load((CONF_DIR / "exp" / "shared" / "six_systems.yaml").read_text())["policy"]
+    names = [*str(six).split(","), *(str(e).strip() for e in extra)]
+    return ",".join(dict.fromkeys(n for n in names if n))
+
+
 def register_schemas() -> None:
-    """Idempotent: store the schema as option `repro` of group `schema`; `${repro_root:}` = the project."""
+    """Idempotent: store the schema as option `repro` of group `schema`; `${repro_root:}` = the
+    project; `${systems:...}` = the paper's six systems plus others (paper_systems)."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -91,6 +104,7 @@ def register_schemas() -> None:
     ConfigStore.instance().store(group=SCHEMA_GROUP, name=SCHEMA_NAME, node=ReproSchema)
     root = str(Path(__file__).resolve().parents[2])
     OmegaConf.register_new_resolver("repro_root", lambda: root, replace=True)
+    OmegaConf.register_new_resolver("systems", paper_systems, replace=True)
 
 
 register_schemas()

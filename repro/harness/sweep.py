@@ -342,13 +342,13 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
               f"are kept, the interrupted ones left no files; rerun to resume -> {root}", file=sys.stderr)
         return 130 if isinstance(stopped, KeyboardInterrupt) else 143
     print(format_table(summary_table(cells, outcomes)), file=out)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "skipped", "failed")}
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "copied", "skipped", "failed")}
     n_stale = sum(bool(o.extra.get("stale")) for o in outcomes)
     n_rerun = sum(bool(o.extra.get("was_stale")) for o in outcomes)
     kept = f", {n_stale} of them stale (kept: keep_stale=true)" if n_stale else ""
     rerun = f" ({n_rerun} were stale)" if n_rerun else ""
-    print(f"{exp}: {counts['ran']} ran{rerun}, {counts['skipped']} skipped (finished{kept}), {counts['failed']} failed "
-          f"-> {root}", file=out)
+    print(f"{exp}: {counts['ran']} ran{rerun}, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
+          f"skipped (finished{kept}), {counts['failed']} failed -> {root}", file=out)
     for o in outcomes:
         if o.status == "failed" and not o.extra.get("same_as_cell"):
             where = f"(traceback: {o.extra['error_file']})" if o.extra.get("error_file") else \

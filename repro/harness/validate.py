@@ -147,10 +147,14 @@ def value_errors(cfg: Mapping) -> list[str]:
     router = cfg.get("router")
     need(
         isinstance(router, Mapping) and bool(router.get("_target_")),
-        "router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)",
+        "router is missing or has no _target_ (choose policy=<router>_<eviction>: conf/router/ x conf/eviction/)",
     )
     if backend == "sim":  # the eviction registry's check; sglang's validate_cell asks for its workers itself
         errs.extend(assembly.eviction_errors(cfg.get("eviction"), "sim"))
+    if not errs:  # figures group cells by policy_name: it must name what runs
+        from hydra_plugins.repro_policies import policy_name_errors
+
+        errs.extend(policy_name_errors(cfg))
     return errs
 
 

@@ -30,10 +30,11 @@ internal key format; key comparison runs in C on bytes, never token by token in 
 Policies (repro/kvcache/eviction/, one module each; the registry `eviction_policies()` maps
 `eviction.name` -> class, each class declaring `name` and `backends`): `LRUEviction` (leaf
 LRU), `RLTEviction` (marking algorithm on leaves) and `OPTEviction` (offline Belady, built by
-the replayer / theory code from a `TraceIndex` of the whole trace). A conf/eviction/*.yaml
-(`_target_`, `name`, `granularity`) builds a cache with `make_cache(capacity_tokens, cfg,
-seed)`; `check_eviction_config(cfg, backend)` lists what is wrong with one (unknown name,
-granularity, keys, or a backend that cannot run it). The granularity is the cache's; policies
+the replayer / theory code from a `TraceIndex` of the whole trace); a policy outside this
+package is named by `_target_` (docs/EXTENDING.md). A conf/eviction/*.yaml (`_target_`,
+`name`, `granularity`, and the class's constructor parameters) builds a cache with
+`make_cache(capacity_tokens, cfg, seed)`; `check_eviction_config(cfg, backend)` lists what is
+wrong with one (unknown name, granularity, parameters, or a backend that cannot run it). The granularity is the cache's; policies
 evict through `cache.truncate_leaf(node, k)` / `cache.evict_leaf(node)`. `cache.stats()`
 returns the counters (evicted tokens, RLT phases, RLT random-vs-fallback evictions).
 `cache.process_path(tokens)` is the paper's token-by-token path model (the replayer's step).

@@ -64,12 +64,13 @@ class Node:
     Policy fields: `mark` (RLT: marked iff equal to the policy's phase), `lidx` (RLT: index
     in its candidate list, -1 if not an evictable leaf), `hdirty` (RLT: the fallback LRU heap
     needs a fresh entry), `okey` (OPT: current heap key), `tn` (OPT: trace-trie node of the
-    last token). `seq` breaks heap ties deterministically.
+    last token), `state` (any other policy's, None until it sets it). `seq` breaks heap ties
+    deterministically.
     """
 
     __slots__ = (
         "key", "n", "depth", "parent", "children", "lock_ref", "stamp", "seq",
-        "mark", "lidx", "hdirty", "okey", "tn",
+        "mark", "lidx", "hdirty", "okey", "tn", "state",
     )
 
     def __init__(self, key: bytes, n: int, depth: int, parent: "Node | None", stamp: int, seq: int):
@@ -86,6 +87,7 @@ class Node:
         self.hdirty = False
         self.okey = None
         self.tn = None
+        self.state = None
 
     def __lt__(self, other: "Node") -> bool:  # only reached on equal heap keys
         return self.seq < other.seq

@@ -285,7 +285,7 @@ class WorkloadSpec:
                 "seed": int(seed),
                 "data": data.key(),
                 "tokenizer": tokenizer.identity(),
-                "code": _cache.code_fingerprint(),
+                "code": _cache.code_fingerprint(type(self).__module__),
             }
         )
 

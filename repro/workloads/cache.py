@@ -3,19 +3,18 @@
 Directory: `$REPRO_CACHE_DIR`, default `.cache/workloads` under the current directory.
 A pool file is keyed by sha256 of: the workload config (minus the knobs applied after
 loading: request rate and order), the seed, the data file's sha256, the tokenizer's
-identity and the source code of this package (so changing a generator can never
-serve a stale pool). Files are written atomically (temp + rename); each starts with a
+identity and the code the workload's module runs (its import closure, repro.codehash: the
+cells' fingerprint mechanism; so changing a generator can never serve a stale pool). Files are written atomically (temp + rename); each starts with a
 magic string and the sha256 of its payload, so a truncated or corrupt file is
 detected on read, reported, and rebuilt.
 
-Hashing a 120 MB data file costs ~0.3 s, too much for every cell of a grid, so file
-checksums are memoised in `checksums.json` keyed by (real path, size, mtime_ns), the
-same trust rule `make` and git's index use.
+Hashing a 120 MB data file costs ~0.3 s, too much for every cell of a grid, so checksums of
+files over 1 MiB are memoised in `checksums.json` keyed by (real path, device, inode, size,
+mtime_ns, ctime_ns): git's index trusts the same stat fields. Smaller files are always hashed.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
@@ -24,6 +23,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from repro import codehash
 from repro.fileio import sha256_file, sha256_json, write_json_atomic, write_stream_atomic
 
 log = logging.getLogger(__name__)
@@ -37,21 +37,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("REPRO_CACHE_DIR", ".cache/workloads"))
 
 
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """sha256 over this package's Python sources (part of every cache key)."""
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(here.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+def code_fingerprint(module: str) -> str:
+    """sha256 of the code a workload module runs (part of every cache key): its import closure by
+    repro.codehash, the mechanism of the cells' fingerprints (docstrings and comments do not count;
+    an out-of-tree workload's own code does)."""
+    from repro.confutil import PROJECT_ROOT
+
+    return sha256_json(codehash.code_fingerprint([module], root_dir=PROJECT_ROOT))
+
+
+# Files up to this size are hashed on every call: cheaper than a memo that might be wrong.
+ALWAYS_HASH_BYTES = 1 << 20
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a data file, memoised by (real path, size, mtime_ns)."""
+    """sha256 of a data file; a large one is memoised in checksums.json by (real path, stat
+    identity: device, inode, size, mtime, ctime), so an edit that keeps the size and puts the
+    mtime back is still seen (ctime cannot be set back)."""
     path = Path(path)
     st = path.stat()
-    memo_key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    if st.st_size <= ALWAYS_HASH_BYTES:
+        return sha256_file(path)
+    memo_key = "|".join([str(path.resolve()), *map(str, codehash.stat_identity(st))])
     memo_path = cache_dir() / "checksums.json"
     memo: dict = {}
     try:

@@ -26,12 +26,12 @@ def test_batch_gives_the_files_of_repro_run(tmp_path, reference, n_jobs):
                             config_dir=str(FIXTURE_CONF), out=out, err=err)
     assert codes == {"tiny": 0}, err.getvalue()
     assert cell_files(tmp_path) == reference
-    assert "tiny: 4 ran, 0 skipped (finished), 0 failed" in out.getvalue()
+    assert "tiny: 4 ran, 0 copied (from a finished twin), 0 skipped (finished), 0 failed" in out.getvalue()
     # a second pass finds every cell finished and runs nothing
     out = io.StringIO()
     assert run_experiments(["tiny"], [f"results_dir={tmp_path}", NO_WANDB], n_jobs=n_jobs,
                            config_dir=str(FIXTURE_CONF), out=out, err=err) == {"tiny": 0}
-    assert "tiny: 0 ran, 4 skipped (finished), 0 failed" in out.getvalue()
+    assert "tiny: 0 ran, 0 copied (from a finished twin), 4 skipped (finished), 0 failed" in out.getvalue()
     assert cell_files(tmp_path) == reference
 
 

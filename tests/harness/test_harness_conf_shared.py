@@ -143,3 +143,20 @@ def test_a_new_router_is_one_yaml_file(tmp_path):
         for name in ("toy_rand_lru.yaml", "toy_rand_rlt.yaml"):
             group.pop(name, None)
         register()  # the real conf/ again (the same nodes)
+
+
+def test_systems_resolver_adds_to_the_paper_six(tmp_path, monkeypatch, capsys):
+    """Issue 32 point 3: `hydra.sweeper.params.policy=${systems:mine}` is the six plus mine, in the
+    in-process grid (and the -m callback: both resolve the sweep params the same way)."""
+    import repro.harness.schema  # noqa: F401  (registers the resolver, as repro.run does)
+    from tests.harness.helpers import run_inprocess
+
+    extra = "${systems:power_of_two_rlt,lbgr_lru}"  # lbgr_lru is one of the six: not twice
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["exp=fig2_main", f"hydra.sweeper.params.policy={extra}"],
+                      return_hydra_config=True)
+    assert OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)["policy"] == SIX + ",power_of_two_rlt"
+    code = run_inprocess(tmp_path, "+exp=fig2_main", "workload=gsp", "seed=0", f"hydra.sweeper.params.policy={extra}",
+                         "--dry-run", monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert code == 0 and "fig2_main: 7 cell(s)" in out and "policy=power_of_two_rlt" in out, out

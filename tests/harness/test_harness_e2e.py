@@ -26,7 +26,7 @@ def reference(tmp_path_factory) -> dict[str, bytes]:
 def test_cell_folder_contents(tmp_path, monkeypatch, capsys):
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "tiny: 4 ran, 0 skipped (finished), 0 failed" in out
+    assert "tiny: 4 ran, 0 copied (from a finished twin), 0 skipped (finished), 0 failed" in out
     assert "lbgr_rlt" in out and "hit_rate" in out  # the summary table
     cells = sorted((tmp_path / "tiny").iterdir())
     assert len(cells) == 4
@@ -65,7 +65,7 @@ def test_rerun_skips_finished_cells(tmp_path, monkeypatch, capsys):
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("tiny/*/*")}
     capsys.readouterr()
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 0
-    assert "tiny: 0 ran, 4 skipped (finished), 0 failed" in capsys.readouterr().out
+    assert "tiny: 0 ran, 0 copied (from a finished twin), 4 skipped (finished), 0 failed" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("tiny/*/*")} == stamps
 
 
@@ -87,7 +87,7 @@ def test_hard_kill_mid_sweep_then_resume(tmp_path, reference):
 
     second = run_subprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1")
     assert second.returncode == 0, second.stderr
-    assert "tiny: 2 ran, 2 skipped (finished), 0 failed" in second.stdout
+    assert "tiny: 2 ran, 0 copied (from a finished twin), 2 skipped (finished), 0 failed" in second.stdout
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # finished cells untouched
     assert cell_files(tmp_path) == reference
     leftovers = [p for p in tmp_path.glob("tiny/**/*") if p.name.startswith(".tmp")]
@@ -120,7 +120,7 @@ def test_failing_cell_is_reported_and_the_others_go_on(tmp_path, form):
         assert "Traceback" in text and "injected fault at start" in text
         assert not (err.parent / "summary.json").exists()
     if form == "inprocess":
-        assert "2 ran, 0 skipped (finished), 2 failed" in res.stdout and res.stdout.count("FAILED") == 2
+        assert "2 ran, 0 copied (from a finished twin), 0 skipped (finished), 2 failed" in res.stdout and res.stdout.count("FAILED") == 2
 
 
 @pytest.mark.parametrize(
@@ -191,6 +191,6 @@ def test_sigkill_of_the_whole_sweep_from_outside_then_resume(tmp_path, reference
 
     res = run_subprocess(tmp_path, "+exp=tiny_fake", NO_WANDB, "n_jobs=2", "backend.sleep_s=1.5")
     assert res.returncode == 0, res.stderr
-    assert f"{4 - done} ran, {done} skipped (finished)" in res.stdout
+    assert f"{4 - done} ran, 0 copied (from a finished twin), {done} skipped (finished)" in res.stdout
     assert len(cell_files(tmp_path, "tiny_fake")) == 8
     assert not [p for p in tmp_path.glob("tiny_fake/**/*") if p.name.startswith(".tmp")]

@@ -39,6 +39,10 @@ def compose_option(group: str, option: str) -> dict:
     import repro.harness.schema  # noqa: F401
 
     overrides = [f"{group}={option}"]
+    if group == "router":  # a system is chosen as router x eviction (router= alone keeps LBGR+RLT's name)
+        overrides = [f"policy={option}_rlt"]
+    elif group == "eviction":
+        overrides = [f"policy=lbgr_{option}"]
     if group == "model":
         overrides.append("hardware=h200")  # the paper's GPU for 70B and Mixtral (8B fits it too)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

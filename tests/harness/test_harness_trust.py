@@ -75,11 +75,11 @@ def test_stale_cell_is_shown_rerun_or_kept(tmp_path, monkeypatch, capsys):
 
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", "keep_stale=true", monkeypatch=monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "0 ran, 4 skipped (finished, 1 of them stale (kept: keep_stale=true))" in out and "skipped (stale)" in out
+    assert "0 ran, 0 copied (from a finished twin), 4 skipped (finished, 1 of them stale (kept: keep_stale=true))" in out and "skipped (stale)" in out
 
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "tiny: 1 ran (1 were stale), 3 skipped (finished), 0 failed" in out and "ran (was stale)" in out
+    assert "tiny: 1 ran (1 were stale), 0 copied (from a finished twin), 3 skipped (finished), 0 failed" in out and "ran (was stale)" in out
     assert (cell / "summary.json").read_bytes() == before  # same code: same numbers
     assert json.loads(fpath.read_text())["fingerprint"] != "old"
 
@@ -108,6 +108,23 @@ def test_explicit_missing_data_path_is_an_error(tmp_path, monkeypatch, capsys):
                              monkeypatch=monkeypatch)
         err = capsys.readouterr().err
         assert code == 2 and "data file not found: /no/such/file" in err, err
+
+
+@pytest.mark.parametrize("overrides", [["router=random"], ["eviction=lru"], ["policy=cache_aware_rlt", "router=lbgr"]])
+def test_a_system_name_that_is_not_what_runs_is_an_error(tmp_path, monkeypatch, capsys, overrides):
+    """Issue 32 point 6: router=random under the default policy lbgr_rlt keeps policy_name LBGR+RLT;
+    figures group by that name, so the cell is refused before anything runs."""
+    code = run_inprocess(tmp_path, "+exp=tiny", *overrides, "--dry-run", monkeypatch=monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and "does not name the router" in err and "policy=" in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_policy_group_names_every_pair_it_composes(tmp_path, monkeypatch, capsys):
+    from hydra_plugins.repro_policies import policies
+
+    names = ",".join(sorted(policies()))
+    assert run_inprocess(tmp_path, "+exp=tiny", f"policy={names}", "--dry-run", monkeypatch=monkeypatch) == 0
 
 
 # -- exit codes, working directory ------------------------------------------------------------
@@ -153,7 +170,7 @@ def test_a_cell_folder_error_stays_in_that_cell(tmp_path, monkeypatch, capsys):
     (tmp_path / "tiny" / first_sig).write_text("a file where the cell folder should be")
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 1
     out = capsys.readouterr().out
-    assert "tiny: 3 ran, 0 skipped (finished), 1 failed" in out and "cell 0 FAILED" in out
+    assert "tiny: 3 ran, 0 copied (from a finished twin), 0 skipped (finished), 1 failed" in out and "cell 0 FAILED" in out
     assert "no error.txt could be written" in out
 
 

@@ -50,7 +50,7 @@ def test_a_finished_twin_is_taken_and_gives_the_files_computing_it_gives(tmp_pat
     assert first.status == "ran", first.error
     second = twin_of(tiny_spec(results, *CELL, "tracking=offline"))
     out = run_cell_spec(second)
-    assert out.status == "ran" and out.extra["reused_from"] == first.dir, out.error
+    assert out.status == "copied" and out.extra["reused_from"] == first.dir, out.error
     got = files(out.dir)
     assert set(got) == set(SAME_FILES)
     assert got == computed(tmp_path, second)  # the series too: its meta holds this cell's swept keys
@@ -70,7 +70,7 @@ def test_a_twin_is_not_taken_when_its_files_cannot_be_trusted_or_reproduced(tmp_
 
     def runs_itself(twin) -> bool:
         out = run_cell_spec(twin)
-        assert out.status == "ran", out.error
+        assert out.status == ("copied" if "reused_from" in out.extra else "ran"), out.error
         shutil.rmtree(results / twin.exp_name)  # not a twin for the next case
         return "reused_from" not in out.extra
 
@@ -134,7 +134,7 @@ def test_a_sweep_computes_each_signature_once(tmp_path, n_jobs):
             specs.append(dataclasses.replace(twin_of(s, exp, f"workload.request_rate={rate}"), index=len(specs)))
     outs = []
     pool.run_cells(specs, n_jobs, outs.append)
-    assert all(o.status == "ran" for o in outs), [o.error for o in outs]
+    assert all(o.status == ("copied" if "reused_from" in o.extra else "ran") for o in outs), [o.error for o in outs]
     computed_here = [o for o in outs if "reused_from" not in o.extra]
     assert sorted(o.signature for o in computed_here) == sorted({s.signature for s in specs})
     by_sig = {o.signature: files(o.dir) for o in computed_here}

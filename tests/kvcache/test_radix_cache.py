@@ -206,7 +206,7 @@ def test_make_eviction_and_make_cache():
         ({"_target_": "repro.kvcache.RLTEviction", "name": "lru"}, "contradicts"),
         ({"_target_": "repro.kvcache.nothing_here.X"}, "cannot be imported"),
         ({"_target_": "repro.kvcache.RadixCache"}, "not an eviction policy class"),
-        ({"_target_": "repro.kvcache.EvictionPolicy"}, "not a registered policy"),
+        ({"_target_": "repro.kvcache.EvictionPolicy"}, "declares no `name` of its own"),
         ("lru", "mapping"),
     ],
 )

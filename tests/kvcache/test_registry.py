@@ -86,10 +86,38 @@ class SpyLRU(LRUEviction):  # inherits `name` but declares none, outside the pac
     pass
 
 
+class NamedLikeLRU(LRUEviction):  # outside the package, a built-in's name: refused
+    name = "lru"
+    backends = frozenset({"sim"})
+
+
+class NoBackends(LRUEviction):
+    name = "no_backends"
+
+
+class NeedsWidth(LRUEviction):  # a required constructor parameter
+    name = "needs_width"
+    backends = frozenset({"sim"})
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+
+def test_a_policy_outside_the_package_with_a_parameter():
+    """Issue 32 point 7: `_target_` anywhere, parameters from the config, checked before building."""
+    cfg = {"_target_": f"{__name__}.NeedsWidth", "name": "needs_width", "width": 3}
+    assert check_eviction_config(cfg, "sim") == []
+    assert make_cache(10, cfg, 0).policy.width == 3
+    assert "needs_width" not in eviction_policies()  # named by _target_ only, never scanned for
+    with pytest.raises(ValueError, match="unknown eviction config keys"):
+        make_cache(10, {**cfg, "depth": 1}, 0)
+
+
 def test_helper_subclasses_are_not_registered():
     assert eviction_policies()["lru"] is LRUEviction
     errs = check_eviction_config({"_target_": f"{__name__}.SpyLRU"})
-    assert len(errs) == 1 and "is not a registered policy" in errs[0], errs
+    assert len(errs) == 1 and "declares no `name` of its own" in errs[0], errs
 
 
 def test_every_conf_eviction_file_is_valid_for_the_backends_its_policy_declares():
@@ -112,6 +140,10 @@ def test_every_conf_eviction_file_is_valid_for_the_backends_its_policy_declares(
         ({"name": "lfu"}, "sim", "unknown eviction policy 'lfu'; choose one of lru, opt, rlt"),
         ({"name": "lru", "granularity": "page"}, None, "eviction.granularity must be one of token, node"),
         ({"name": "lru", "seed": 1}, None, "unknown eviction config keys ['seed']"),
+        ({"name": "rlt", "p": 0.5}, None, "unknown eviction config keys ['p']"),
+        ({"_target_": f"{__name__}.NamedLikeLRU"}, None, "the name of the built-in"),
+        ({"_target_": f"{__name__}.NoBackends"}, None, "`backends` must be a non-empty frozenset"),
+        ({"_target_": f"{__name__}.NeedsWidth"}, "sim", "needs the parameter(s) ['width']"),
         ({"_target_": "repro.kvcache.LRUEviction", "name": "rlt"}, None, "contradicts"),
         ({"_target_": ".LRUEviction"}, None, "cannot be imported"),
         ({"_target_": "LRUEviction"}, None, "not an eviction policy class"),

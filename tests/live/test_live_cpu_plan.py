@@ -151,3 +151,34 @@ def test_eviction_log_line_is_parsed_from_a_server_log():
            f"[t] {EVICT_LOG_PREFIX} policy=rlt asked=5 evicted=9 total=109 random=99 fallback=10 resets=2 phase=3\n")
     assert eviction_log_stats(log) == {"policy": "rlt", "asked": 5, "evicted": 9, "total": 109, "random": 99,
                                       "fallback": 10, "resets": 2, "phase": 3}
+
+
+def test_a_server_that_lost_its_port_fails_at_once(tmp_path):
+    """SGLang's HTTP server that cannot bind logs it and lives on; the wait reads the log instead of
+    waiting for timeouts.server_start_s. A port taken before the start is refused before it."""
+    import socket
+    import sys
+
+    from repro.backends.sglang.planning import ProcessSpec, ServerStartError, free_ports
+    from repro.backends.sglang.processes import ManagedProcess, check_port_free, wait_healthy
+
+    port = free_ports(1)[0]
+    code = ("import sys, time; print('ERROR: [Errno 98] error while attempting to bind: address already in use', "
+            "flush=True); time.sleep(600)")
+    spec = ProcessSpec("server0", [sys.executable, "-c", code], {}, str(tmp_path / "server0.log"),
+                       f"http://127.0.0.1:{port}/health")
+    proc = ManagedProcess(spec)
+    proc.start()
+    try:
+        with pytest.raises(ServerStartError, match="cannot become healthy .*address already in use"):
+            wait_healthy([proc], 600.0)
+    finally:
+        proc.stop(5.0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = ProcessSpec("server1", ["true"], {}, str(tmp_path / "s1.log"),
+                           f"http://127.0.0.1:{taken.getsockname()[1]}/health")
+        with pytest.raises(ServerStartError, match="server1: port .* already in use"):
+            check_port_free(busy)
+    check_port_free(spec)  # free again once the first one stopped

@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 
 import yaml
 
+from repro.backends.sglang.protocol import generate_body
 from repro.backends.sglang.planning import ProcessSpec, free_ports, hardware_server, sglang_server_command
 from repro.backends.sglang.processes import ManagedProcess, wait_healthy
 from repro.backends.sglang.tiny_model import ensure_model_dir
@@ -82,9 +83,10 @@ def post(url: str, body: dict | None = None, timeout_s: float = 120.0) -> dict:
 
 
 def generate(url: str, ids: Sequence[int], max_new_tokens: int = 4) -> dict:
-    """One non-streaming /generate with exact ids and a fixed output length; returns meta_info."""
-    out = post(url + "/generate", {"input_ids": list(ids),
-                                   "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}})
+    """One non-streaming /generate as the benchmark client sends it (exact ids, a fixed output length,
+    temperature 0: the generated tokens enter the radix cache, so they must repeat for its evictions
+    to repeat); returns meta_info."""
+    out = post(url + "/generate", generate_body(ids, max_new_tokens, stream=False))
     return out["meta_info"]
 
 

@@ -132,3 +132,123 @@ def test_fingerprint_is_cheap_once_warm(cfg):
     for _ in range(20):
         cell_fingerprint(cfg)
     assert (time.perf_counter() - t0) / 20 < 0.05
+
+
+# -- out-of-tree code (issue 32 point 1) and what a backend reads (issue 34 point 7) ------------
+
+ROUTER_MODULE = '''"""A user's router, on the path."""
+from repro.routing.simple import RandomRouter
+from helper_for_myrouter import pick
+
+
+class MyRouter(RandomRouter):
+    def select_worker(self, request, workers, now_s):
+        return pick(super().select_worker(request, workers, now_s))
+'''
+
+
+@pytest.fixture()
+def user_module(tmp_path, monkeypatch) -> Path:
+    """myrouter.py (importing a helper module beside it) in a folder on sys.path."""
+    from repro import codehash
+
+    (tmp_path / "myrouter.py").write_text(ROUTER_MODULE)
+    (tmp_path / "helper_for_myrouter.py").write_text("def pick(w):\n    return w\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    codehash._origin_cached.cache_clear()
+    yield tmp_path
+    codehash._origin_cached.cache_clear()
+
+
+def test_an_out_of_tree_router_is_hashed_with_its_imports(cfg, user_module):
+    mine = {**cfg, "router": {**cfg["router"], "_target_": "myrouter.MyRouter"}}
+    before = cell_fingerprint(mine)
+    assert {"myrouter.py", "helper_for_myrouter.py"} <= set(before["code"])
+    assert "myrouter" not in before["versions"] and "helper_for_myrouter" not in before["versions"]
+    paper = cell_fingerprint(cfg)
+    edit_comments_and_docstrings(user_module / "myrouter.py")
+    assert cell_fingerprint(mine) == before
+    edit_a_function(user_module / "helper_for_myrouter.py")
+    after = cell_fingerprint(mine)
+    assert fp.differences(before, after) == ["code: helper_for_myrouter.py changed"]
+    assert cell_fingerprint(cfg) == paper  # the paper's cells do not import it
+
+
+def _fake_distribution(site: Path, top: str, direct_url: dict | None) -> None:
+    import json
+
+    (site / top).mkdir()
+    (site / top / "__init__.py").write_text("X = 1\n")
+    info = site / f"{top}-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {top}\nVersion: 1.2\n")
+    (info / "top_level.txt").write_text(top + "\n")
+    (info / "RECORD").write_text("")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+
+
+def test_editable_installs_count_by_code_released_ones_by_version(tmp_path, monkeypatch):
+    from repro import codehash
+    from repro.confutil import PROJECT_ROOT
+
+    _fake_distribution(tmp_path, "h32_editable_pkg", {"url": f"file://{tmp_path}", "dir_info": {"editable": True}})
+    _fake_distribution(tmp_path, "h32_released_pkg", None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
+        memo.cache_clear()
+    try:
+        assert codehash.module_origin("h32_editable_pkg", PROJECT_ROOT) == ("code", tmp_path)
+        assert codehash.module_origin("h32_released_pkg", PROJECT_ROOT) == ("version", {"h32_released_pkg": "1.2"})
+        assert codehash.module_origin("json", PROJECT_ROOT) == ("stdlib", None)
+        assert codehash.module_origin("repro", PROJECT_ROOT) == ("code", PROJECT_ROOT)
+        f = codehash.code_fingerprint(["h32_editable_pkg", "h32_released_pkg"], root_dir=PROJECT_ROOT)
+        assert list(f["code"]) == ["h32_editable_pkg/__init__.py"] and f["versions"]["h32_released_pkg"] == "1.2"
+    finally:
+        for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
+            memo.cache_clear()
+
+
+def test_theory_cells_do_not_depend_on_routers_or_workloads(checkout):
+    theory = compose_fixture(["exp=thm_competitive_ratio", "tracking=disabled"])
+    before = cell_fingerprint(theory, root_dir=checkout)
+    assert not any(k.startswith(("repro/routing/", "repro/workloads/")) for k in before["code"])
+    edit_a_function(checkout / "repro/routing/lbgr.py")
+    edit_a_function(checkout / "repro/workloads/gsp.py")
+    assert cell_fingerprint(theory, root_dir=checkout) == before
+    edit_a_function(checkout / "repro/kvcache/eviction/rlt.py")  # the replayer runs it
+    assert fp.differences(before, cell_fingerprint(theory, root_dir=checkout)) == \
+        ["code: repro/kvcache/eviction/rlt.py changed"]
+
+
+def test_the_workload_pool_key_follows_the_same_closure(monkeypatch):
+    from repro import codehash
+    from repro.workloads import cache
+
+    seen = []
+    real = codehash.code_fingerprint
+    monkeypatch.setattr(codehash, "code_fingerprint", lambda roots, **kw: seen.append(list(roots)) or real(roots, **kw))
+    cache.code_fingerprint("repro.workloads.gsp")
+    assert seen == [["repro.workloads.gsp"]]
+    assert "repro/workloads/gsp.py" in real(["repro.workloads.gsp"], root_dir=ROOT)["code"]
+
+
+def test_a_same_size_data_edit_with_its_mtime_put_back_is_noticed(tmp_path):
+    """Issue 34 point 7: the memos key on (dev, inode, size, mtime, ctime), not path + size + mtime."""
+    import os
+
+    data = tmp_path / "sharegpt.json"
+    body = '[{"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]}]'
+    data.write_text(body)
+    cfg = compose_fixture(["exp=tiny", "workload=sharegpt", f"workload.path={data}", "tracking=disabled"])
+    before = cell_fingerprint(cfg)
+    st = data.stat()
+    probe = tmp_path / "probe"
+    probe.touch()
+    while probe.stat().st_ctime_ns <= st.st_ctime_ns:  # the clock's next tick (coarse on some filesystems)
+        probe.touch()
+    with open(data, "r+") as f:  # same inode, same size, other words
+        f.write(body.replace("hello there", "hello where"))
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (data.stat().st_size, data.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert fp.differences(before, cell_fingerprint(cfg)) == ["data: workload changed"]

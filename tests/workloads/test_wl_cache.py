@@ -80,21 +80,48 @@ def test_data_checksum_is_part_of_the_key(tmp_path):
 
 def test_code_change_invalidates(monkeypatch):
     build_workload(wl_cfg("gsp", **SMALL_GSP), seed=0)
-    monkeypatch.setattr(wl_cache, "code_fingerprint", lambda: "0" * 64)
+    monkeypatch.setattr(wl_cache, "code_fingerprint", lambda module: "0" * 64)
     assert not build_workload(wl_cfg("gsp", **SMALL_GSP), seed=0).cache_hit
 
 
 def test_checksum_memo(tmp_path, isolated_dirs):
+    import hashlib
+
     cache_dir, _ = isolated_dirs
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"abc")
+    assert wl_cache.file_sha256(small) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert not (cache_dir / "checksums.json").exists()  # small files are always hashed, never memoised
     f = tmp_path / "data.bin"
-    f.write_bytes(b"abc")
+    body = bytes(wl_cache.ALWAYS_HASH_BYTES + 1)
+    f.write_bytes(body)
     first = wl_cache.file_sha256(f)
-    assert first == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert first == hashlib.sha256(body).hexdigest()
     assert first in (cache_dir / "checksums.json").read_text()
-    f.write_bytes(b"abcd")  # new size -> new memo key -> rehashed
+    f.write_bytes(body + b"x")  # new size -> new memo key -> rehashed
     assert wl_cache.file_sha256(f) != first
     (cache_dir / "checksums.json").write_text("{corrupt")
     assert wl_cache.file_sha256(f) == wl_cache.file_sha256(f)
+
+
+def test_checksum_memo_sees_a_same_size_edit_with_its_mtime_put_back(tmp_path, isolated_dirs):
+    """Issue 34 point 7: path + size + mtime alone would serve the old checksum here."""
+    import hashlib
+    import os
+
+    f = tmp_path / "data.bin"
+    f.write_bytes(bytes(wl_cache.ALWAYS_HASH_BYTES + 8))
+    st = f.stat()
+    first = wl_cache.file_sha256(f)
+    probe = tmp_path / "probe"
+    probe.touch()
+    while probe.stat().st_ctime_ns <= st.st_ctime_ns:  # the clock's next tick (coarse on some filesystems)
+        probe.touch()
+    with open(f, "r+b") as fh:  # same inode, same size, other bytes
+        fh.write(b"edited!")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert wl_cache.file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() != first
 
 
 def test_use_cache_false_writes_nothing(isolated_dirs):

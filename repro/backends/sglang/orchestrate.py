@@ -48,7 +48,7 @@ from repro.backends.sglang.planning import (ROUTER_IMPLS, SGLANG_ROUTER_POLICIES
                                             emulated_worker_command, free_ports, plan_cell, router_service_command,
                                             sglang_router_command, sglang_server_command)
 from repro.backends.sglang.processes import (_OPENER, HEALTH_PROBE_TIMEOUT_S, ManagedProcess, RemoteNode, RemoteServer,
-                                             probe, wait_healthy)
+                                             check_port_free, probe, wait_healthy)
 from repro.fileio import write_json_atomic
 
 
@@ -148,6 +148,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
         with _sigterm_raises():
             for spec in plan.workers:
                 if spec.node is None:
+                    check_port_free(spec)
                     p = ManagedProcess(spec)
                     procs.append(p)
                     p.start()

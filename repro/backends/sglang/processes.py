@@ -264,6 +264,38 @@ def probe(url: str, timeout_s: float = HEALTH_PROBE_TIMEOUT_S) -> str | None:
         return f"{type(reason).__name__}: {reason}"
 
 
+# Lines after which a server never becomes healthy although its process lives on (SGLang's HTTP server
+# keeps its scheduler processes running after uvicorn failed to bind).
+FATAL_LOG_LINES = ("address already in use",)
+
+
+def fatal_log_line(proc: Any) -> str | None:
+    """The first fatal start-up line in a local process's log tail (None: none)."""
+    if not isinstance(proc, ManagedProcess):
+        return None
+    for line in proc.log_tail(80).splitlines():
+        if any(marker in line.lower() for marker in FATAL_LOG_LINES):
+            return line.strip()
+    return None
+
+
+def check_port_free(spec: ProcessSpec) -> None:
+    """ServerStartError if the port in spec's health URL is taken on its host (checked just before the start:
+    a server that cannot bind may never exit, and would only fail at timeouts.server_start_s)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(spec.health_url)
+    if parts.port is None:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((parts.hostname or "127.0.0.1", parts.port))
+        except OSError as exc:
+            raise ServerStartError(f"{spec.name}: port {parts.port} on {parts.hostname} is already in use ({exc}); "
+                                   f"not started\n  command: {shlex.join(spec.cmd)}") from None
+
+
 def wait_healthy(procs: Sequence[ManagedProcess], timeout_s: float, interval_s: float = 0.5,
                  deadline: float | None = None) -> float:
     """Poll every process's health URL until all answer 200; returns the seconds it took.
@@ -280,6 +312,9 @@ def wait_healthy(procs: Sequence[ManagedProcess], timeout_s: float, interval_s: 
             rc = p.poll()
             if rc is not None:
                 raise ServerStartError(p.describe_failure(f"exited with code {rc} before becoming healthy"))
+            fatal = fatal_log_line(p)
+            if fatal is not None:
+                raise ServerStartError(p.describe_failure(f"cannot become healthy ({fatal})"))
             why = probe(p.spec.health_url, min(HEALTH_PROBE_TIMEOUT_S, max(0.5, end - time.monotonic())))
             if why is None:
                 pending.remove(p)
@@ -299,4 +334,4 @@ def wait_healthy(procs: Sequence[ManagedProcess], timeout_s: float, interval_s: 
     return time.monotonic() - t0
 
 
-__all__ = ["HEALTH_PROBE_TIMEOUT_S", "ManagedProcess", "RemoteNode", "RemoteServer", "probe", "wait_healthy"]
+__all__ = ["HEALTH_PROBE_TIMEOUT_S", "FATAL_LOG_LINES", "ManagedProcess", "check_port_free", "fatal_log_line", "RemoteNode", "RemoteServer", "probe", "wait_healthy"]

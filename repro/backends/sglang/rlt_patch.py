@@ -48,13 +48,16 @@ What the patched SGLang does (node granularity, as SGLang evicts)
   phase check cannot run inside SGLang's loop, so `evict` calls it in chunks of at most the
   number of unmarked cached tokens: a chunk then ends at or before the moment all unmarked
   tokens are gone, and the next chunk checks the phase first.
-* Randomness: a leaf's exponential clock is a hash of (seed, heap build, node id) -- SGLang's
-  `TreeNode.id`, a per-process creation counter -- turned into Exp(1), not the next draw of a
-  stream. SGLang builds its heap from `list(self.evictable_leaves)`, a set ordered by object
-  address, so a stream's draws would land on different leaves in every process: the same trace
-  gave 9,300 / 8,700 / 7,800 cached tokens on three fresh servers with one seed. Keyed by node
-  id, the victims depend only on the seed and the sequence of cache calls: same seed, same trace,
-  same evictions, across restarts and after `/flush_cache` (which restarts the heap-build count).
+* Randomness: a leaf's exponential clock is a hash of (seed, heap build since the last flush, the
+  tokens on the leaf's path from the root) turned into Exp(1), not the next draw of a stream.
+  SGLang builds its heap from `list(self.evictable_leaves)`, a set ordered by object address, so a
+  stream's draws land on different leaves in every process: the same trace gave 9,300 / 8,700 /
+  7,800 cached tokens on three fresh servers with one seed. SGLang's `TreeNode.id` is no cure:
+  it counts the nodes a process ever made, flushes included. Keyed by path, the victims depend
+  only on the seed and the sequence of cache calls: same seed, same trace, same evictions, across
+  restarts and after `/flush_cache` (which restarts the heap-build count). The generated tokens
+  enter the tree too, so they must repeat: the benchmark client sends temperature 0 (as
+  sglang.bench_serving does); with sampling, LRU repeats (it reads times, not tokens), RLT does not.
   `seed` comes from `--radix-eviction-policy-config '{"seed": S}'` (default 0). With tensor
   parallelism every rank holds its own tree and must evict identically: they do, as they share
   the seed and see the same calls.
@@ -85,9 +88,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import math
 import re
+from array import array
 
 import numpy as np
 
@@ -180,7 +185,7 @@ def _make_strategy_class():
                 return (1, node.last_access_time)
             epoch = self._epoch
             floor = node._rlt_floor if node._rlt_floor_epoch == epoch else 0.0
-            key = floor + _exp1(self._seed_hash, epoch, node.id)
+            key = floor + _exp1(self._seed_hash, epoch, _path_id(node))
             parent = node.parent
             if parent is not None and (parent._rlt_floor_epoch != epoch or parent._rlt_floor < key):
                 # the parent becomes a leaf only after all its children were popped, the last
@@ -220,6 +225,32 @@ def _exp1(seed_hash: int, epoch: int, node_id: int) -> float:
     return -math.log1p(-u)
 
 
+def _path_id(node) -> int:
+    """64 bits of blake2b over the tokens from the root to the end of `node` (and its namespace keys).
+
+    A node's full path never changes (a split puts a new node above it, the path to its end stays),
+    so the value is computed once and kept on the node. It depends on the tree's content only: not on
+    the process, the allocation order or what the cache held before a flush (SGLang's TreeNode.id, a
+    per-process creation counter, would)."""
+    cached = node._rlt_path_id
+    if cached is not None:
+        return cached
+    parts = []
+    n = node
+    while n is not None and n.parent is not None:  # the root has no parent and no tokens
+        k = n.key
+        ids = k.token_ids if k.limit is None else k.token_ids[: k.limit]
+        parts.append(ids if isinstance(ids, array) else array("q", ids))
+        n = n.parent
+    digest = hashlib.blake2b(digest_size=8)
+    k = node.key
+    digest.update(repr((k.extra_key, k.cache_salt)).encode())
+    for ids in reversed(parts):
+        digest.update(ids.tobytes() if ids.typecode == "q" else array("q", ids).tobytes())
+    node._rlt_path_id = int.from_bytes(digest.digest(), "little")
+    return node._rlt_path_id
+
+
 EVICT_LOG_PREFIX = "repro-radix evict:"
 _EVICT_LOG_RE = re.compile(re.escape(EVICT_LOG_PREFIX) + r"((?: \w+=\S+)+)")
 
@@ -251,6 +282,7 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
     TreeNode._rlt_phase = 0
     TreeNode._rlt_floor = 0.0
     TreeNode._rlt_floor_epoch = -1
+    TreeNode._rlt_path_id = None  # _path_id's memo
 
     orig_match = RadixCache.match_prefix
     orig_insert = RadixCache.insert

@@ -12,7 +12,10 @@ The granularity (node | token) is the cache's: a policy reads `self.cache.granul
 
 What a policy class declares (the registry, `repro.kvcache.eviction_policies()`, reads it):
 `name` (the config's `eviction.name`), `backends` (which backends can run it, a subset of
-`EVICTION_BACKENDS`), `randomized` (results depend on the seed) and `create(seed, trace)`.
+`EVICTION_BACKENDS`), `randomized` (results depend on the seed) and `create(seed, trace,
+**params)`; its __init__'s keywords are the config's parameters. Per-node state: `node.state`
+(None on a new node) belongs to the cache's policy, for any policy; the built-in ones keep
+their fields in dedicated slots of `Node` (radix_cache.py) because the hot loops read them.
 """
 
 from __future__ import annotations
@@ -49,10 +52,13 @@ class EvictionPolicy:
         self.cache: RadixCache | None = None
 
     @classmethod
-    def create(cls, seed: "int | np.random.Generator" = 0, trace: "TraceIndex | None" = None) -> "EvictionPolicy":
+    def create(cls, seed: "int | np.random.Generator" = 0, trace: "TraceIndex | None" = None,
+               **params) -> "EvictionPolicy":
         """One instance for one cache. `seed`: randomized policies; `trace`: the whole future
-        trace, given by the replayer only (an offline policy raises ValueError without it)."""
-        return cls()
+        trace, given by the replayer only (an offline policy raises ValueError without it);
+        `params`: the config's other keys, the keywords of __init__ (checked before any work by
+        check_eviction_config). A randomized policy overrides this to pass `seed` on."""
+        return cls(**params)
 
     def _attach(self, cache: "RadixCache") -> None:
         if self.cache is not None:

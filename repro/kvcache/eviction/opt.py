@@ -41,10 +41,10 @@ class OPTEviction(EvictionPolicy):
         self.heap: list = []
 
     @classmethod
-    def create(cls, seed=0, trace=None):
+    def create(cls, seed=0, trace=None, **params):
         if trace is None:
             raise ValueError("OPT needs the future trace: build OPTEviction(TraceIndex(paths)) (the replayer does)")
-        return cls(trace)
+        return cls(trace, **params)
 
     def begin_path(self, j: int) -> None:
         self.now = j

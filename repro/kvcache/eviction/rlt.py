@@ -76,8 +76,8 @@ class RLTEviction(EvictionPolicy):
         self.fallback_evictions = 0
 
     @classmethod
-    def create(cls, seed=0, trace=None):
-        return cls(seed)
+    def create(cls, seed=0, trace=None, **params):
+        return cls(seed, **params)
 
     @property
     def phases(self) -> int:
