@@ -320,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command += f" --floor-prior {args.floor_prior}"
         if Path(args.profile).resolve() != DEFAULT_PROFILE:
             command += f" --profile {args.profile}"
+        if args.hardware != "h200":
+            command += f" --hardware {args.hardware}"
         today = _dt.date.today().isoformat()
         for r in reports:
             write_coefficients(model_paths[r.config_name], coefficient_block(r, profile, command, today))
