@@ -57,12 +57,11 @@ def _run_one_cell(cfg: DictConfig) -> dict | None:
     )
     import signal
 
-    from repro.harness.cell import Stopped
+    from repro.harness.cell import clear_stop, raise_stopped
 
-    def stop(signum, frame):  # scancel / kill: unwind the cell (no half-written files, lock released)
-        raise Stopped(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    clear_stop()
+    # scancel / kill: unwind the cell (no half-written files, lock released)
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:
         out = run_cell_spec(spec)
     finally:

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from repro.fileio import sha256_file, sha256_json
+from repro.results.store import CellStore
 
-FINGERPRINT = "fingerprint.json"
+FINGERPRINT = CellStore.FINGERPRINT
 FORMAT = 1
 
 

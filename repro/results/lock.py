@@ -25,7 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-LOCK = ".lock"
+from repro.results.store import CellStore
+
+LOCK = CellStore.LOCK
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 10 * HEARTBEAT_S
 
@@ -131,14 +133,16 @@ class CellLock:
     def try_acquire(self) -> bool:
         if self.owner is not None:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             me = owner_record()
             with _signals_deferred():  # a stop between create and self.owner would orphan the file
                 try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
                     fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
                 except FileExistsError:
                     fd = None
+                except FileNotFoundError:  # a releaser removed the empty folder meanwhile
+                    continue
                 if fd is not None:
                     with os.fdopen(fd, "w") as f:
                         json.dump(me, f)
@@ -197,15 +201,22 @@ class CellLock:
         self._thread.start()
 
     def release(self) -> None:
+        """Unlink the lock if still ours, and the cell folder if that leaves it empty (a stop
+        cannot fall between: signals wait for the end)."""
         if self.owner is None:
             return
-        self._stop.set()
-        try:
-            if self.still_mine():
-                self.path.unlink()
-        except OSError:
-            pass
-        self.owner = None
+        with _signals_deferred():
+            self._stop.set()
+            try:
+                if self.still_mine():
+                    self.path.unlink()
+            except OSError:
+                pass
+            self.owner = None
+            try:
+                self.path.parent.rmdir()  # only if empty: an interrupted cell leaves no folder
+            except OSError:
+                pass
 
     def __enter__(self) -> "CellLock":
         if not self.try_acquire():

@@ -66,29 +66,28 @@ def test_lock_being_written_counts_as_held(tmp_path):
     assert not CellLock(tmp_path).try_acquire()
 
 
-def _race(path, start, wins):
-    start.wait()
+def _race(path, ready, tried, results):
     lock = CellLock(path)
-    if lock.try_acquire():
-        wins.put(os.getpid())
-        time.sleep(0.5)  # hold it while the others try
+    ready.wait()  # every process started: they all try at once
+    won = lock.try_acquire()
+    results.put(won)
+    tried.wait()  # the winner holds the lock until every process has tried (events, not a sleep)
+    if won:
         lock.release()
 
 
 def test_many_processes_one_winner(tmp_path):
     ctx = multiprocessing.get_context("spawn")
-    start, wins = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(tmp_path, start, wins)) for _ in range(6)]
+    n = 6
+    ready, tried, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(tmp_path, ready, tried, results)) for _ in range(n)]
     for p in procs:
         p.start()
-    time.sleep(1.0)
-    start.set()
+    got = [results.get(timeout=300) for _ in range(n)]  # a generous bound against a hang only
     for p in procs:
-        p.join(30)
-    got = []
-    while not wins.empty():
-        got.append(wins.get())
-    assert len(got) == 1
+        p.join(60)
+    assert sorted(got) == [False] * (n - 1) + [True]
+    assert not (tmp_path / LOCK).exists()
 
 
 def test_two_breakers_of_one_dead_lock_one_wins(tmp_path):
