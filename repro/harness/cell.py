@@ -259,35 +259,32 @@ def run_cell_spec(spec: CellSpec, *, wait: bool = True, poll_s: float = 1.0) -> 
     store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
     out = CellOutcome(spec.index, spec.signature, "skipped", str(store.dir))
     lock = CellLock(store.dir)
-    try:
-        while True:
-            state, why = current_state(store, spec.config, spec.keep_stale)
-            if state == "fresh":
-                out.summary = store.read_summary()
-                out.extra["kept_stale"] = bool(spec.keep_stale)
-                return out
-            if lock.try_acquire():
-                state, why = current_state(store, spec.config, spec.keep_stale)  # finished meanwhile?
+    try:  # one finally releases the lock on every way out (a stop may land between any two lines)
+        try:
+            while True:
+                state, why = current_state(store, spec.config, spec.keep_stale)
                 if state == "fresh":
                     out.summary = store.read_summary()
+                    out.extra["kept_stale"] = bool(spec.keep_stale)
                     return out
-                break
-            if not wait:
-                out.status = "busy"
-                return out
-            time.sleep(poll_s)
-    except (Exception, Stopped, KeyboardInterrupt) as exc:
-        lock.release()
-        if not isinstance(exc, Exception):
-            raise
-        if stop_requested():  # a stop a library turned into its own error
-            raise _stop_exception(exc) from exc
-        return _failed(out, store, exc, t0, write=False)
-    if state == "stale":
-        out.extra["was_stale"] = why
-    elif state == "damaged":
-        out.extra["was_damaged"] = why
-    try:
+                if lock.try_acquire():
+                    state, why = current_state(store, spec.config, spec.keep_stale)  # finished meanwhile?
+                    if state == "fresh":
+                        out.summary = store.read_summary()
+                        return out
+                    break
+                if not wait:
+                    out.status = "busy"
+                    return out
+                time.sleep(poll_s)
+        except Exception as exc:
+            if stop_requested():  # a stop a library turned into its own error
+                raise _stop_exception(exc) from exc
+            return _failed(out, store, exc, t0, write=False)
+        if state == "stale":
+            out.extra["was_stale"] = why
+        elif state == "damaged":
+            out.extra["was_damaged"] = why
         twin = _finished_twin(spec)
         if twin is not None:
             return _adopt(spec, store, lock, out, t0, *twin)

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 from repro.harness.cell import (CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped,
                                 run_cell_spec)
 from repro.results import CellStore
-from repro.results.lock import CellLock
+from repro.results.lock import CellLock, signals_deferred
 
 STOP_GRACE_S = 5.0
 POLL_S = 1.0
@@ -354,13 +354,8 @@ def _stop_workers(workers: list[_Worker]) -> None:
     """Release idle workers, SIGTERM busy ones, join for STOP_GRACE_S, then kill. Ctrl-C and
     SIGTERM wait until it is done (a second Ctrl-C cutting the joins short left a worker that
     multiprocessing's exit hook then waited for forever); they are raised afterwards."""
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if main else None
-    try:
+    with signals_deferred():
         _stop_workers_now(workers)
-    finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _stop_workers_now(workers: list[_Worker]) -> None:

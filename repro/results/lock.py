@@ -76,16 +76,26 @@ class LockBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def _signals_deferred():
-    """Hold SIGINT/SIGTERM until the block is done (main thread, where Python runs handlers)."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+def signals_deferred():
+    """Hold SIGINT/SIGTERM until the block is done, then deliver them to the handlers as they were.
+    Python-level (the handlers are swapped, not the thread's signal mask): the kernel may hand a
+    process-directed signal to any thread (the lock's heartbeat, a watchdog), and Python then runs
+    the handler in the main thread whatever that thread's mask says. Main thread only (where
+    Python runs handlers); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+    old = {}
     try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old[s] = signal.signal(s, lambda signum, frame: pending.append(signum))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(pending):  # each held signal once, to the handler it would have met
+            signal.raise_signal(s)
 
 
 class CellLock:
@@ -135,7 +145,7 @@ class CellLock:
             return True
         for _ in range(3):
             me = owner_record()
-            with _signals_deferred():  # a stop between create and self.owner would orphan the file
+            with signals_deferred():  # a stop between create and self.owner would orphan the file
                 try:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -205,7 +215,7 @@ class CellLock:
         cannot fall between: signals wait for the end)."""
         if self.owner is None:
             return
-        with _signals_deferred():
+        with signals_deferred():
             self._stop.set()
             try:
                 if self.still_mine():

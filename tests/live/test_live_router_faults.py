@@ -218,7 +218,7 @@ async def _service_process(tmp_path, urls, **service_kw):
     (port,) = free_ports(1)
     cfg = tmp_path / "router.json"
     cfg.write_text(json.dumps({"router": {"_target_": "repro.routing.RandomRouter"},
-                               "service": {"worker_urls": urls, "kv_capacity_tokens": [10_000] * len(urls),
+                               "service": {"worker_urls": urls, "kv_capacity_tokens": [1_000_000] * len(urls),
                                            **service_kw}}))
     url = f"http://127.0.0.1:{port}"
     p = ManagedProcess(ProcessSpec("router", router_service_command(sys.executable, "127.0.0.1", port, str(cfg)), {},
@@ -266,7 +266,8 @@ def test_hostile_bodies_get_4xx_without_blocking_small_requests(tmp_path):
     }
 
     async def main():
-        w = FakeWorker(lambda body: sglang_events({**body, "input_ids": body.get("input_ids") or [0]}))
+        w = FakeWorker(lambda body: sglang_events({**body, "input_ids": body.get("input_ids") or [0]}),
+                       capacity=1_000_000)  # holds the 600k-token prompt (the KV-size check passes it)
         await w.start()
         out = {}
         try:

@@ -47,7 +47,9 @@ def test_a_double_ctrl_c_never_hangs(tmp_path, second):
             wait_for(lambda: len(processes_with(marker)) < n, 60, "a worker to stop")
         _signal_group(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=120)  # the hang guard: a hung sweep fails here
-        assert p.returncode == 130, (k, p.returncode, err[-2000:])
+        # 130, or killed by the second Ctrl-C once the sweep had stopped and restored Python's handler
+        assert p.returncode in (130, -signal.SIGINT), (k, p.returncode, err[-2000:])
+        assert "stopped (Ctrl-C)" in err, err[-2000:]
         wait_for(lambda: not processes_with(marker), 30, "every worker to exit")
         no_half_written_cells(results)
         assert not list(results.glob("tiny_fake/*/error.txt")), err[-2000:]
