@@ -51,11 +51,11 @@ Faults:
   a generation, so an alive worker, however busy, answers in milliseconds); `health_failure_threshold`
   (2) consecutive failures mark it unhealthy, one success healthy again; a refused connection during
   a request marks it unhealthy at once. With zero healthy workers requests get 503 at once.
-- Suspect: a healthy worker whose latest health check (or attempt) failed gets no new request while
-  another healthy worker is clear (the router's choice is replaced as for an unhealthy one); its own
-  requests keep waiting, so a slow-but-alive worker that misses one deadline loses nothing. A frozen
-  worker is thus avoided from its first missed deadline and marked down one interval + timeout (~3 s)
-  later.
+- Not done: diverting new requests from a worker whose latest health check failed ("suspect")
+  before it is marked down. Tried: on the loaded 2-core machine single 2 s misses of alive emulated
+  workers then overrode the router's choices often enough to move the fig2 GSP cell's live hit rate
+  from the simulator's 0.66 to 0.72 (tests/live/test_live_backend.py). A frozen worker gets new
+  requests until it is marked down (~3 s after its first missed deadline).
 - Marked unhealthy (e.g. a frozen worker: SIGSTOP, a hung GPU) = its requests stop waiting for it
   at once: those without a first byte go to another worker (as a retry), its open streams end with
   an error event. So a frozen worker costs its requests the detection time (about interval +

@@ -97,13 +97,6 @@ class WorkerState:
             for f in list(self.flights.values()):
                 f.abort("worker_down", f"worker {self.worker_id} was marked unhealthy ({error})")
 
-    @property
-    def suspect(self) -> bool:
-        """Healthy, but its latest health check or attempt failed (e.g. a frozen worker's first
-        missed deadline): no new request goes there while another worker is clear; its own
-        requests keep waiting (a slow worker is not failed over on one miss)."""
-        return self.healthy and self.consecutive_failures > 0
-
     def mark_success(self) -> None:
         if not self.healthy:
             log.info("worker %d (%s) healthy again", self.worker_id, self.url)
@@ -162,7 +155,6 @@ class WorkerState:
             "worker_id": self.worker_id,
             "url": self.url,
             "healthy": self.healthy,
-            "suspect": self.suspect,
             "last_error": self.last_error,
             "kv_capacity_tokens": self.capacity,
             "dispatched": self.dispatched,

@@ -142,12 +142,11 @@ class RouterService:
                                  f"{type(exc).__name__}: {exc}")
 
     def _next_worker(self, tried: Sequence[int]) -> WorkerState | None:
-        """The least-loaded healthy untried worker, one that is not suspect first (ties: lowest id)."""
         best = None
         for w in self.workers:
             if not w.healthy or w.worker_id in tried:
                 continue
-            load = (w.suspect, w.in_flight)
+            load = w.in_flight
             if best is None or load < best[0]:
                 best = (load, w)
         return best[1] if best else None
@@ -330,7 +329,7 @@ class RouterService:
         """Retries: the router's choice, then the least-loaded healthy untried workers."""
         tried: list[int] = []
         w = self.workers[f.chosen]
-        if not w.healthy or w.suspect:  # a suspect worker keeps the request only if nothing else is clear
+        if not w.healthy:
             w = self._next_worker(tried)
         while True:
             if w is None:
