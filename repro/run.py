@@ -57,12 +57,11 @@ def _run_one_cell(cfg: DictConfig) -> dict | None:
     )
     import signal
 
-    from repro.harness.cell import Stopped
+    from repro.harness.cell import clear_stop, raise_stopped
 
-    def stop(signum, frame):  # scancel / kill: unwind the cell (no half-written files, lock released)
-        raise Stopped(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    clear_stop()
+    # scancel / kill: unwind the cell (no half-written files, lock released)
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:
         out = run_cell_spec(spec)
     finally:
@@ -120,14 +119,27 @@ def main(argv: list[str] | None = None) -> int:
 
     use_project_cache()
     sys.argv = [sys.argv[0], *prepared.argv]
+    import signal
+
+    from repro.harness.cell import Stopped, raise_stopped
+
+    # -m: SIGTERM unwinds the launcher like Ctrl-C, so that it stops its workers (joblib's loky
+    # workers outlived a parent that SIGTERM killed outright); each cell sets its own handler too.
+    previous = signal.signal(signal.SIGTERM, raise_stopped) if prepared.multirun else None
     try:
         _app()
+    except Stopped as exc:
+        print(f"repro.run: stopped ({exc}); finished cells are kept, rerun to resume", file=sys.stderr)
+        return 143
     except SystemExit as exc:
         # Hydra reports a config it cannot compose (unknown option, misspelt key, wrong type) and
         # exits 1 before our function runs; 1 means "a cell failed" here, 2 "invalid configuration".
         if exc.code == 1 and not _state["entered"]:
             return 2
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return int(_state["exit_code"])
 
 

@@ -1,8 +1,9 @@
 """The one loader of results/ for every figure, table and claim (reads files, never runs anything).
 
 A finished cell is a folder results/<exp>/<sig>/ holding summary.json (written last by the
-harness, so its presence marks the cell finished), config.yaml and timings.json. One row per
-finished cell:
+harness, so its presence marks the cell finished), config.yaml and timings.json. A cell whose
+files no longer match its checksum manifest (repro.results.store) is a ResultsError naming it,
+never a row; one without a manifest counts as stale. One row per finished cell:
 
 - `exp`, `signature`;
 - every config.yaml field under its dotted name (`workload.request_rate`,
@@ -35,6 +36,7 @@ import yaml
 
 from repro.metrics.summary import SUMMARY_KEYS
 from repro.results.signature import NON_RESULT_KEYS
+from repro.results.store import CellStore
 
 # The six metrics every performance figure shows (paper §5 "Metrics").
 METRICS: tuple[str, ...] = (
@@ -103,9 +105,9 @@ def cell_counts(results_dir: str | Path, exp: str) -> dict[str, int]:
     """finished (summary.json), failed (error.txt, no summary), unfinished (neither)."""
     counts = {"finished": 0, "failed": 0, "unfinished": 0}
     for d in cell_dirs(results_dir, exp):
-        if (d / "summary.json").is_file():
+        if (d / CellStore.SUMMARY).is_file():
             counts["finished"] += 1
-        elif (d / "error.txt").is_file():
+        elif (d / CellStore.ERROR).is_file():
             counts["failed"] += 1
         else:
             counts["unfinished"] += 1
@@ -158,16 +160,20 @@ def _is_stale(cell_dir: Path, config: dict) -> bool:
 def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     rows, summary_cols = [], set()
     for d in cell_dirs(results_dir, exp):
-        summary_path = d / "summary.json"
+        summary_path = d / CellStore.SUMMARY
         if not summary_path.is_file():
             continue
+        integrity, why = CellStore.at(d).integrity()
+        if integrity == "damaged":  # never plotted: the figure names it and how to mend it
+            raise ResultsError(f"{d}: damaged ({'; '.join(why)}); rerun its experiment (it recomputes damaged "
+                               f"cells) or delete the folder")
         summary = _read_json(summary_path)
-        config_path = d / "config.yaml"
+        config_path = d / CellStore.CONFIG
         if not config_path.is_file():
             raise ResultsError(f"{d}: summary.json without config.yaml (a cell folder must hold both)")
         config = yaml.load(config_path.read_text(), Loader=_YAML_LOADER) or {}
-        timings = _read_json(d / "timings.json") if (d / "timings.json").is_file() else {}
-        row = {"exp": exp, "signature": d.name, "stale": _is_stale(d, config)}
+        timings = _read_json(d / CellStore.TIMINGS) if (d / CellStore.TIMINGS).is_file() else {}
+        row = {"exp": exp, "signature": d.name, "stale": integrity == "unsealed" or _is_stale(d, config)}
         row.update(flatten(config))
         for k, v in summary.items():
             if k == "provenance":

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from repro.figures.load import METRICS, SYSTEM, ResultsError
+from repro.results.store import CellStore
 from repro.figures.perf import LOG_SPAN, PerfFigure, line_style, log_axis, wide_range
 from repro.figures.style import (
     LOG_METRICS, METRIC_LABELS, add_caption, apply_style, save_figure, system_colors, system_order, write_text,
@@ -43,7 +44,7 @@ def over_time(results_dir: str | Path, cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for system, part in cells.groupby(SYSTEM, sort=False):
         sig = sorted(part["signature"])[0]
-        path = Path(results_dir) / EXP / sig / "requests.parquet"
+        path = CellStore(results_dir, EXP, sig).path(CellStore.REQUESTS)
         if not path.is_file():
             raise ResultsError(f"{path} is missing (needed for the latency-over-time row)")
         r = pd.read_parquet(path, columns=["arrival_s", "first_token_s", "finish_s", "failed"])

@@ -12,7 +12,6 @@ cells share (construction, policy, x), the one with the most measured phases x r
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +28,15 @@ PANELS = (  # (construction, title, x as mathtext)
 
 def load(results_dir: str | Path) -> pd.DataFrame:
     rows = []
+    from repro.figures.load import ResultsError
+    from repro.results.store import CellStore
+
     for summary in sorted(Path(results_dir, EXP).glob("*/summary.json")):
-        s = json.loads(summary.read_text())
+        store = CellStore.at(summary.parent)
+        integrity, why = store.integrity()
+        if integrity == "damaged":  # never plotted
+            raise ResultsError(f"{store.dir}: damaged ({'; '.join(why)}); rerun its experiment or delete the folder")
+        s = store.read_summary()
         s["signature"] = summary.parent.name
         rows.append(s)
     if not rows:

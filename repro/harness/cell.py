@@ -2,7 +2,7 @@
 
 Order of work (a crash at any point loses nothing already finished and leaves no corrupt
 file behind: every write is atomic, see repro.results.store):
-1. summary.json present and fresh (fingerprint.json equal to this checkout's, see
+1. summary.json present, intact and fresh (fingerprint.json equal to this checkout's, see
    repro.harness.freshness; or `keep_stale`) -> the cell is finished: skip it.
 2. Take the cell's lock (repro.results.lock): another live process computing it -> wait for it
    (or hand back "busy"); re-check 1 under the lock.
@@ -18,12 +18,15 @@ file behind: every write is atomic, see repro.results.store):
    with the results while the parquet is not), timings.json (the backend's
    wall-clock timings at the top level + a `harness` entry: backend wall time, host, pid, start;
    never part of any identity check), fingerprint.json (the inputs this process computed it
-   from), then summary.json LAST (repro.metrics.summarize + provenance).
+   from), checksums.sha256 (the manifest over all of them and the summary), then summary.json
+   LAST (repro.metrics.summarize + provenance). A finished cell whose files no longer match
+   its manifest is `damaged` and recomputed like a stale one (repro.results.store).
    A backend that returns a plain dict (theory) has no requests.parquet: that dict is the
    summary.
 A failing cell writes error.txt (the traceback) and no summary.json; the sweep goes on. Every
 failure, folder errors included, stays in the cell's outcome. Ctrl-C / SIGTERM (`Stopped`)
-remove the cell's partial files and release its lock.
+remove the cell's partial files, its lock and its folder if that is left empty; a stop that a
+library turned into its own exception (OmegaConf does) is still a stop, never a failure.
 """
 
 from __future__ import annotations
@@ -46,16 +49,12 @@ from typing import Any, Mapping
 from repro.confutil import to_yaml
 from repro.harness import faults
 from repro.results import CellStore
-from repro.results.store import SUMMARY
-from repro.results.fingerprint import FINGERPRINT, PYTHON_VERSION
-from repro.results.fingerprint import file_sha256 as sha256_file
-from repro.results.lock import LOCK, CellLock
+from repro.results.fingerprint import PYTHON_VERSION
+from repro.results.lock import CellLock
 
-CONFIG = "config.yaml"
-REQUESTS = "requests.parquet"
-REQUESTS_SHA256 = "requests.sha256"
-TIMINGS = "timings.json"
-ERROR = "error.txt"
+# The cell folder's file names (CellStore owns them; kept here as short aliases).
+CONFIG, REQUESTS, REQUESTS_SHA256 = CellStore.CONFIG, CellStore.REQUESTS, CellStore.REQUESTS_SHA256
+TIMINGS, ERROR, SUMMARY, FINGERPRINT = CellStore.TIMINGS, CellStore.ERROR, CellStore.SUMMARY, CellStore.FINGERPRINT
 
 # Packages whose versions go into every summary's provenance (same env -> same bytes).
 VERSIONED_PACKAGES = ("numpy", "pandas", "pyarrow", "hydra-core", "omegaconf", "scipy")
@@ -128,6 +127,41 @@ class Stopped(BaseException):
     """SIGTERM (scancel, kill) or the sweep stopping: unwind the running cell and leave nothing half-done."""
 
 
+# The signal that asked this process to stop, recorded by the handlers below before they raise: a
+# library that catches what they raise and raises its own error instead (OmegaConf turns one
+# inside OmegaConf.create into a ConfigKeyError) cannot turn a stop into a cell failure.
+_stop: dict[str, int | None] = {"signum": None}
+
+
+def raise_stopped(signum: int, frame: Any = None) -> None:  # noqa: ARG001
+    """SIGTERM handler: unwind the running cell (Stopped)."""
+    _stop["signum"] = signum
+    raise Stopped(f"signal {signum}")
+
+
+def raise_interrupt(signum: int, frame: Any = None) -> None:  # noqa: ARG001
+    """SIGINT handler of an in-process sweep: Python's KeyboardInterrupt, remembered."""
+    _stop["signum"] = signum
+    raise KeyboardInterrupt
+
+
+def stop_requested() -> bool:
+    return _stop["signum"] is not None
+
+
+def clear_stop() -> None:
+    _stop["signum"] = None
+
+
+def _stop_exception(cause: BaseException) -> BaseException:
+    """What a stop that a library turned into `cause` should have raised."""
+    import signal
+
+    if _stop["signum"] == signal.SIGINT:
+        return KeyboardInterrupt()
+    return Stopped(f"signal {_stop['signum']} (raised inside {type(cause).__name__})")
+
+
 # W&B: within one sweep (an in-process grid, its workers through a shared event, or the jobs of
 # a -m sweep that run in the launching process), after the first failed start tracking is off for
 # the rest of it (one warning). A lone run_cell_spec call outside any sweep always tries.
@@ -136,6 +170,7 @@ _tracking: dict = {"sweep": False, "off": False, "event": None}
 
 def begin_sweep(event: Any = None) -> None:
     """A sweep starts (event: a multiprocessing.Event shared by its workers; set = tracking off)."""
+    clear_stop()
     _tracking.update(sweep=True, off=False, event=event)
     use_workload_memo(True)
 
@@ -170,7 +205,7 @@ def _clear_unfinished(store: CellStore) -> None:
     if not store.dir.exists():
         return
     for child in store.dir.iterdir():
-        if child.name == LOCK:
+        if child.name == CellStore.LOCK:
             continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
@@ -179,11 +214,17 @@ def _clear_unfinished(store: CellStore) -> None:
 
 
 def current_state(store: CellStore, cfg: Mapping, keep_stale: bool) -> tuple[str, list[str]]:
-    """missing | fresh | stale of this cell folder (stale counts as fresh with keep_stale)."""
+    """missing | fresh | stale | damaged of this cell folder (stale counts as fresh with
+    keep_stale; damaged never does: its files are not what was finished)."""
     if not store.is_finished():
         return "missing", []
+    integrity, why = store.integrity()
+    if integrity == "damaged":
+        return "damaged", why
     if keep_stale:
         return "fresh", []
+    if integrity == "unsealed":  # made before manifests (or by another tool): rerun, like stale
+        return "stale", why
     from repro.harness.freshness import cell_fingerprint, cell_state
 
     try:
@@ -218,31 +259,32 @@ def run_cell_spec(spec: CellSpec, *, wait: bool = True, poll_s: float = 1.0) -> 
     store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
     out = CellOutcome(spec.index, spec.signature, "skipped", str(store.dir))
     lock = CellLock(store.dir)
-    try:
-        while True:
-            state, why = current_state(store, spec.config, spec.keep_stale)
-            if state == "fresh":
-                out.summary = store.read_summary()
-                out.extra["kept_stale"] = bool(spec.keep_stale)
-                return out
-            if lock.try_acquire():
-                state, why = current_state(store, spec.config, spec.keep_stale)  # finished meanwhile?
+    try:  # one finally releases the lock on every way out (a stop may land between any two lines)
+        try:
+            while True:
+                state, why = current_state(store, spec.config, spec.keep_stale)
                 if state == "fresh":
                     out.summary = store.read_summary()
+                    out.extra["kept_stale"] = bool(spec.keep_stale)
                     return out
-                break
-            if not wait:
-                out.status = "busy"
-                return out
-            time.sleep(poll_s)
-    except (Exception, Stopped, KeyboardInterrupt) as exc:
-        lock.release()
-        if not isinstance(exc, Exception):
-            raise
-        return _failed(out, store, exc, t0, write=False)
-    if state == "stale":
-        out.extra["was_stale"] = why
-    try:
+                if lock.try_acquire():
+                    state, why = current_state(store, spec.config, spec.keep_stale)  # finished meanwhile?
+                    if state == "fresh":
+                        out.summary = store.read_summary()
+                        return out
+                    break
+                if not wait:
+                    out.status = "busy"
+                    return out
+                time.sleep(poll_s)
+        except Exception as exc:
+            if stop_requested():  # a stop a library turned into its own error
+                raise _stop_exception(exc) from exc
+            return _failed(out, store, exc, t0, write=False)
+        if state == "stale":
+            out.extra["was_stale"] = why
+        elif state == "damaged":
+            out.extra["was_damaged"] = why
         twin = _finished_twin(spec)
         if twin is not None:
             return _adopt(spec, store, lock, out, t0, *twin)
@@ -267,14 +309,12 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
                       if e.is_dir() and e.name != spec.exp_name and not e.name.startswith("."))
     except Exception:  # unknown backend, unreadable folder: computing it reports what is wrong
         return None
-    from repro.tracking.series import SERIES_FILE
-
     tracked = str((spec.config.get("tracking") or {}).get("mode", "offline")) != "disabled" and not tracking_off()
     for exp in exps:
         twin = CellStore(spec.results_dir, exp, spec.signature)
         if not twin.is_finished() or current_state(twin, spec.config, False)[0] != "fresh":
             continue
-        if tracked and (twin.dir / REQUESTS).is_file() and not (twin.dir / SERIES_FILE).is_file():
+        if tracked and (twin.dir / REQUESTS).is_file() and not twin.path(CellStore.SERIES).is_file():
             continue  # finished without tracking: the series this cell tracks needs the run
         try:
             files = {SUMMARY: twin.summary_path.read_bytes(), TIMINGS: (twin.dir / TIMINGS).read_text()}
@@ -285,7 +325,7 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
                     continue
             json.loads(files[TIMINGS])
             json.loads(files[SUMMARY])
-        except (OSError, ValueError, IndexError):  # half-copied, edited by hand: compute it
+        except (OSError, ValueError, IndexError):  # changed since its fresh check: compute it
             continue
         return twin, files
     return None
@@ -317,7 +357,7 @@ def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t
         tracker.copy_series(store.dir, twin.dir)
         store.write_json(FINGERPRINT, fingerprint)
         _check_lock(lock, store)
-        store.write_bytes(SUMMARY, files[SUMMARY])  # last: marks the cell finished
+        store.finish(files[SUMMARY])  # manifest, then summary.json last: marks the cell finished
         attempt.failed = False
         out.status, out.summary = "copied", summary
         out.extra["reused_from"] = str(twin.dir)
@@ -366,9 +406,7 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
             records = _records_frame(result.records)
             summary = summarize(records, provenance(cfg, result.provenance, spec.signature))
             backend_timings = dict(result.timings or {})
-            parquet = store.write_parquet(REQUESTS, records)
-            # committed beside summary.json (the parquet itself is git-ignored): CI reruns check it
-            store.write_text(REQUESTS_SHA256, f"{sha256_file(parquet)}  {REQUESTS}\n")
+            store.write_requests(records)  # + requests.sha256, committed while the parquet is not
         elif isinstance(result, Mapping):
             summary = {k: v for k, v in result.items() if k not in ("provenance", "timings")}
             summary["provenance"] = provenance(cfg, result.get("provenance"), spec.signature)
@@ -388,7 +426,7 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
         store.write_json(FINGERPRINT, fingerprint)
         faults.checkpoint("before_summary")
         _check_lock(lock, store)
-        store.write_json("summary.json", summary)  # last: marks the cell finished
+        store.finish(summary)  # manifest, then summary.json last: marks the cell finished
         attempt.failed = False
         out.status, out.summary = "ran", summary
         tracker.progress(1.0)
@@ -416,7 +454,12 @@ def _attempt(store: CellStore, out: CellOutcome, t0: float):
         _clear_unfinished(store)
         yield attempt
     except Exception as exc:
-        _failed(out, store, exc, t0)
+        if not stop_requested():
+            _failed(out, store, exc, t0)
+        else:  # a stop a library turned into its own error: a stop all the same, never a failure
+            if not store.is_finished():
+                _clear_unfinished(store)
+            raise _stop_exception(exc) from exc
     except (Stopped, KeyboardInterrupt):
         if not store.is_finished():
             _clear_unfinished(store)  # no half-written cell

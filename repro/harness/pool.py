@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, run_cell_spec
+from repro.harness.cell import (CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped,
+                                run_cell_spec)
 from repro.results import CellStore
-from repro.results.lock import CellLock
+from repro.results.lock import CellLock, signals_deferred
 
 STOP_GRACE_S = 5.0
 POLL_S = 1.0
@@ -87,8 +88,10 @@ def _call(fn: Callable[..., Any], args: tuple) -> tuple[Any, str | None]:
 def _raise_stopped(signum, frame):  # noqa: ARG001
     # One-shot: PR_SET_PDEATHSIG and the watchdog may both signal; a second Stopped raised
     # inside the unwinding (lock release, partial-file cleanup) would leave the cell half-cleaned.
+    # (A stop a library swallows still ends the cell: raise_stopped records it; the parent kills
+    # a worker that outlives STOP_GRACE_S.)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Stopped(f"signal {signum}")
+    raise_stopped(signum, frame)
 
 
 def _die_with_parent(ppid: int) -> None:
@@ -348,6 +351,14 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
 
 
 def _stop_workers(workers: list[_Worker]) -> None:
+    """Release idle workers, SIGTERM busy ones, join for STOP_GRACE_S, then kill. Ctrl-C and
+    SIGTERM wait until it is done (a second Ctrl-C cutting the joins short left a worker that
+    multiprocessing's exit hook then waited for forever); they are raised afterwards."""
+    with signals_deferred():
+        _stop_workers_now(workers)
+
+
+def _stop_workers_now(workers: list[_Worker]) -> None:
     for w in workers:
         if w.proc.is_alive():
             if w.spec is None:

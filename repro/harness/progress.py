@@ -84,7 +84,7 @@ def outcomes_from_store(specs: Sequence[Any]) -> list:
         if store.is_finished():
             out.append(CellOutcome(s.index, s.signature, "ran", str(store.dir), summary=store.read_summary()))
         else:
-            failed = (store.dir / "error.txt").is_file()
+            failed = store.path(store.ERROR).is_file()
             out.append(CellOutcome(s.index, s.signature, "failed" if failed else "missing", str(store.dir),
                                    error="see error.txt" if failed else "no result"))
     return out

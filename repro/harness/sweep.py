@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from repro.harness.cell import CellOutcome, CellSpec, Stopped
+from repro.harness.cell import CellOutcome, CellSpec, Stopped, clear_stop, raise_interrupt, raise_stopped
 from repro.harness.compose import compose_cells
 from repro.harness.grid import Cell, expand_grid
 from repro.harness.validate import ConfigError, validate_configs
@@ -90,7 +90,7 @@ def _bar(total: int, desc: str):
 
 
 def cell_states(specs: Sequence[CellSpec]) -> list[tuple[str, list[str]]]:
-    """missing | fresh | stale (+ reasons) of every spec's folder, against this checkout."""
+    """missing | fresh | stale | damaged (+ reasons) of every spec's folder, against this checkout."""
     from repro.harness.cell import current_state
 
     return [current_state(CellStore(s.results_dir, s.exp_name, s.signature), s.config, False) for s in specs]
@@ -262,7 +262,8 @@ def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
         row: dict[str, Any] = {"cell": c.index}
         for k in swept_keys:
             row[k] = c.swept.get(k)
-        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else " (was stale)" if o.extra.get("was_stale") else "")
+        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else " (was stale)" if o.extra.get("was_stale")
+                                    else " (was damaged)" if o.extra.get("was_damaged") else "")
         row["sig"] = o.signature
         summ = o.summary or {}
         keys = [k for k in TABLE_METRICS if k in summ] or [k for k in THEORY_METRICS if k in summ] or [
@@ -318,24 +319,31 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
             print(f"{s.index:4d}  {s.signature}  {state:8s}  {s.label}{note}", file=out)
         n_fresh = sum(st == "fresh" for st, _ in states)
         n_stale = sum(st == "stale" for st, _ in states)
+        n_damaged = sum(st == "damaged" for st, _ in states)
         keep = bool(specs) and specs[0].keep_stale
         to_run = len(specs) - n_fresh - (n_stale if keep else 0)
+        damaged = f", {n_damaged} damaged" if n_damaged else ""
         print(f"{exp}: {len(specs)} cell(s), {n_fresh} finished, {n_stale} stale"
-              f"{' (kept: keep_stale=true)' if keep else ''}, {to_run} to run", file=out)
+              f"{' (kept: keep_stale=true)' if keep else ''}{damaged}, {to_run} to run", file=out)
         return 0
     check_writable(specs)
     if n_jobs is None:
         n_jobs = cells[0].config.get("n_jobs") if cells else None
     stopped = None
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    clear_stop()
     signal.signal(signal.SIGTERM, _raise_stopped)  # scancel / kill: stop like Ctrl-C
+    if previous[1] is signal.default_int_handler:  # Ctrl-C as before, but remembered (raise_interrupt)
+        signal.signal(signal.SIGINT, raise_interrupt)
     outcomes: list[CellOutcome] = []
     try:
         outcomes = run_specs(specs, n_jobs=n_jobs, desc=exp, states=states)
     except (KeyboardInterrupt, Stopped) as exc:
         stopped = exc
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        clear_stop()
     root = Path(specs[0].results_dir) / exp if specs else Path(".")
     if stopped is not None:
         print(f"{exp}: stopped ({'Ctrl-C' if isinstance(stopped, KeyboardInterrupt) else stopped}); finished cells "
@@ -346,10 +354,15 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     n_stale = sum(bool(o.extra.get("stale")) for o in outcomes)
     n_rerun = sum(bool(o.extra.get("was_stale")) for o in outcomes)
     kept = f", {n_stale} of them stale (kept: keep_stale=true)" if n_stale else ""
-    rerun = f" ({n_rerun} were stale)" if n_rerun else ""
+    n_damaged = sum(bool(o.extra.get("was_damaged")) for o in outcomes)
+    rerun = ", ".join(x for x in (f"{n_rerun} were stale" if n_rerun else "",
+                                  f"{n_damaged} were damaged" if n_damaged else "") if x)
+    rerun = f" ({rerun})" if rerun else ""
     print(f"{exp}: {counts['ran']} ran{rerun}, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
           f"skipped (finished{kept}), {counts['failed']} failed -> {root}", file=out)
     for o in outcomes:
+        if o.extra.get("was_damaged"):
+            print(f"  cell {o.index} was damaged, recomputed: {o.dir}: {'; '.join(o.extra['was_damaged'])}", file=out)
         if o.status == "failed" and not o.extra.get("same_as_cell"):
             where = f"(traceback: {o.extra['error_file']})" if o.extra.get("error_file") else \
                 f"(no error.txt could be written; last line: {(o.traceback or '').strip().splitlines()[-1:]})"
@@ -357,5 +370,5 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     return exit_code(outcomes)
 
 
-def _raise_stopped(signum, frame):  # noqa: ARG001
-    raise Stopped(f"signal {signum}")
+def _raise_stopped(signum, frame):
+    raise_stopped(signum, frame)

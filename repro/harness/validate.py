@@ -93,6 +93,9 @@ def value_errors(cfg: Mapping) -> list[str]:
         isinstance(exp_name, str) and exp_name and "/" not in exp_name and not exp_name.startswith("."),
         f"exp_name must be a plain folder name (got {exp_name!r})",
     )
+    results_dir = cfg.get("results_dir")
+    need(isinstance(results_dir, str) and results_dir.strip() != "",  # empty would mean the project root
+         f"results_dir must name a folder (got {results_dir!r}; default: results)")
     mode = get_path(cfg, "tracking.mode")
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
     stream, points = get_path(cfg, "tracking.stream"), get_path(cfg, "tracking.max_points")

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from repro.confutil import flatten
+from repro.results.store import CellStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,23 +41,46 @@ def _experiments(root: Path, names: list[str]) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
 
 
-def cmd_status(a) -> int:
+def cell_report(root: Path, exps: list[str]) -> dict[str, list[dict]]:
+    """Every finished cell's state: `damaged` (its files do not match its checksum manifest:
+    never read, rerun), else freshness's fresh / stale (a cell without a manifest is stale)."""
     from repro.harness.freshness import folder_report
+    from repro.results.store import CellStore
+
+    report = folder_report(root, exps)
+    for exp, rows in report.items():
+        for r in rows:
+            integrity, why = CellStore(root, exp, r["sig"]).integrity()
+            if integrity == "damaged":
+                r["state"], r["why"] = "damaged", why
+            elif integrity == "unsealed" and r["state"] == "fresh":
+                r["state"], r["why"] = "stale", why
+    return report
+
+
+def cmd_status(a) -> int:
+    from repro.results.store import CellStore
 
     root = Path(a.results_dir)
-    report = folder_report(root, _experiments(root, a.exps))
-    any_stale = False
+    report = cell_report(root, _experiments(root, a.exps))
+    bad = False
     for exp, rows in report.items():
-        n_unfinished = sum(1 for d in (root / exp).iterdir() if d.is_dir() and not (d / "summary.json").exists())
-        stale = [r for r in rows if r["state"] == "stale"]
-        any_stale |= bool(stale)
-        print(f"{exp:24s} {len(rows) - len(stale):4d} fresh  {len(stale):4d} stale  {n_unfinished:4d} unfinished")
+        n_unfinished = sum(1 for d in (root / exp).iterdir()
+                           if d.is_dir() and not d.name.startswith(".") and not (d / CellStore.SUMMARY).exists())
+        n = {s: sum(r["state"] == s for r in rows) for s in ("fresh", "stale", "damaged")}
+        bad |= bool(n["stale"] or n["damaged"])
+        print(f"{exp:24s} {n['fresh']:4d} fresh  {n['stale']:4d} stale  {n['damaged']:4d} damaged  "
+              f"{n_unfinished:4d} unfinished")
+        for r in rows:  # every damaged cell by name: it is rerun, never plotted
+            if r["state"] == "damaged":
+                print(f"    DAMAGED {root / exp / r['sig']}: {'; '.join(r['why'])}")
         reasons: dict[str, list[str]] = {}
-        for r in stale:
-            reasons.setdefault("; ".join(r["why"]), []).append(r["sig"])
+        for r in rows:
+            if r["state"] == "stale":
+                reasons.setdefault("; ".join(r["why"]), []).append(r["sig"])
         for why, sigs in list(reasons.items())[: a.reasons]:
             print(f"    {len(sigs)} cell(s), e.g. {sigs[0]}: {why}")
-    return 1 if any_stale else 0
+    return 1 if bad else 0
 
 
 def _metrics(summary: dict) -> dict:
@@ -80,7 +104,7 @@ def _settings(cells: dict[str, Path]) -> dict[str, dict]:
 
     out = {}
     for sig, summary in cells.items():
-        cfg = summary.parent / "config.yaml"
+        cfg = summary.parent / CellStore.CONFIG
         out[sig] = _flat(yaml.safe_load(cfg.read_text()) or {}) if cfg.is_file() else {}
     return out
 
@@ -113,8 +137,7 @@ def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[st
 
 
 def _records_sha(cell: Path) -> str | None:
-    f = cell / "requests.sha256"
-    return f.read_text().split()[0] if f.exists() else None
+    return CellStore.at(cell).requests_sha256()
 
 
 def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str, int]]:
@@ -131,7 +154,13 @@ def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str
         counts["only_b"] += len(set(sb) - set(sa)) - len(changed_sig)
         for sig_a, sig_b, label in pairs:
             counts["compared"] += 1
-            ma, mb = _metrics(json.loads(sa[sig_a].read_text())), _metrics(json.loads(sb[sig_b].read_text()))
+            where = sig_a if sig_a == sig_b else f"{sig_a}->{sig_b} [{label}]"
+            try:
+                ma, mb = _metrics(json.loads(sa[sig_a].read_text())), _metrics(json.loads(sb[sig_b].read_text()))
+            except (OSError, ValueError) as exc:  # a truncated summary: listed, the others still compared
+                counts["differ"] += 1
+                lines.append(f"{exp}/{where}: unreadable summary.json ({type(exc).__name__}: {exc})")
+                continue
             changed = [k for k in sorted(set(ma) | set(mb)) if not _same(ma.get(k), mb.get(k))]
             ra, rb = _records_sha(sa[sig_a].parent), _records_sha(sb[sig_b].parent)
             if ra and rb and ra != rb:  # the per-request records moved (a cell without them is not compared)
@@ -141,7 +170,6 @@ def diff_folders(a: Path, b: Path, exps: list[str]) -> tuple[list[str], dict[str
                 counts["differ"] += 1
                 shown = ", ".join(f"{k}: {ma.get(k)!r} -> {mb.get(k)!r}" for k in changed[:6])
                 more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
-                where = sig_a if sig_a == sig_b else f"{sig_a}->{sig_b} [{label}]"
                 lines.append(f"{exp}/{where}: {shown}{more}")
     return lines, counts
 
@@ -157,13 +185,39 @@ def cmd_diff(a) -> int:
     return 1 if c["differ"] else 0
 
 
-def cmd_verify(a) -> int:
-    import yaml
-
+def _verify_cell(root: Path, exp: str, d: Path, tmp: Path) -> list[str]:
+    """What differs between cell folder `d` and a rerun of it from scratch in `tmp` ([]: nothing)."""
     from repro.harness.cell import CellSpec, run_cell_spec
     from repro.harness.compose import cell_signature
     from repro.results.fingerprint import read_fingerprint
+    from repro.results.store import CellStore
 
+    store = CellStore(root, exp, d.name)
+    problems = []
+    integrity, why = store.integrity()  # a local requests.parquet included
+    if integrity == "damaged":
+        problems.append("damaged: " + "; ".join(why))
+    cfg = store.read_config()
+    cfg["tracking"] = {**(cfg.get("tracking") or {}), "mode": "disabled"}  # not in the signature
+    sig = cell_signature(cfg)
+    if sig != d.name:
+        problems.append(f"config.yaml signs as {sig}, not {d.name}")
+    out = run_cell_spec(CellSpec(0, d.name, cfg, d.name, str(tmp), exp))
+    new = CellStore(tmp, exp, d.name)
+    if out.status != "ran":
+        return problems + [f"rerun {out.status}: {out.error}"]
+    if new.summary_path.read_bytes() != store.summary_path.read_bytes():
+        lines, _ = diff_folders(root, tmp, [exp])
+        problems.append("summary.json differs: " + ("; ".join(lines) or "(provenance only)"))
+    old_sha, new_sha = store.requests_sha256(), new.requests_sha256()
+    if old_sha != new_sha:
+        problems.append(f"requests.parquet sha256 {old_sha or 'none'} -> {new_sha or 'none'}")
+    if (read_fingerprint(d) or {}).get("fingerprint") != (read_fingerprint(new.dir) or {}).get("fingerprint"):
+        problems.append("fingerprint differs (stale cell)")
+    return problems
+
+
+def cmd_verify(a) -> int:
     root = Path(a.results_dir)
     seed = a.seed if a.seed is not None else random.randrange(10**9)
     if not a.all:
@@ -177,25 +231,10 @@ def cmd_verify(a) -> int:
                 continue
             picked = cells if a.all else rng.sample(cells, min(a.cells, len(cells)))
             for d in picked:
-                cfg = yaml.safe_load((d / "config.yaml").read_text())
-                cfg["tracking"] = {**(cfg.get("tracking") or {}), "mode": "disabled"}  # not in the signature
-                sig = cell_signature(cfg)
-                problems = [] if sig == d.name else [f"config.yaml signs as {sig}, not {d.name}"]
-                out = run_cell_spec(CellSpec(0, d.name, cfg, d.name, tmp, exp))
-                new = Path(tmp) / exp / d.name
-                if out.status != "ran":
-                    problems.append(f"rerun {out.status}: {out.error}")
-                else:
-                    if (new / "summary.json").read_bytes() != (d / "summary.json").read_bytes():
-                        lines, _ = diff_folders(root, Path(tmp), [exp])
-                        problems.append("summary.json differs: " + ("; ".join(lines) or "(provenance only)"))
-                    old_sha = (d / "requests.sha256").read_text() if (d / "requests.sha256").exists() else None
-                    new_sha = (new / "requests.sha256").read_text() if (new / "requests.sha256").exists() else None
-                    if old_sha != new_sha:
-                        problems.append(f"requests.parquet sha256 {(old_sha or 'none').split()[0]} -> "
-                                        f"{(new_sha or 'none').split()[0]}")
-                    if (read_fingerprint(d) or {}).get("fingerprint") != (read_fingerprint(new) or {}).get("fingerprint"):
-                        problems.append("fingerprint differs (stale cell)")
+                try:
+                    problems = _verify_cell(root, exp, d, Path(tmp))
+                except Exception as exc:  # a damaged cell is listed; the others are still checked
+                    problems = [f"{type(exc).__name__}: {exc}"]
                 bad += bool(problems)
                 print(f"{exp}/{d.name}: " + ("identical" if not problems else "DIFFERENT: " + " | ".join(problems)),
                       flush=True)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from repro import codehash
-from repro.fileio import sha256_json
+from repro.fileio import sha256_file, sha256_json
+from repro.results.store import CellStore
 
-FINGERPRINT = "fingerprint.json"
+FINGERPRINT = CellStore.FINGERPRINT
 FORMAT = 1
 
 

@@ -25,7 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-LOCK = ".lock"
+from repro.results.store import CellStore
+
+LOCK = CellStore.LOCK
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 10 * HEARTBEAT_S
 
@@ -74,16 +76,26 @@ class LockBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def _signals_deferred():
-    """Hold SIGINT/SIGTERM until the block is done (main thread, where Python runs handlers)."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+def signals_deferred():
+    """Hold SIGINT/SIGTERM until the block is done, then deliver them to the handlers as they were.
+    Python-level (the handlers are swapped, not the thread's signal mask): the kernel may hand a
+    process-directed signal to any thread (the lock's heartbeat, a watchdog), and Python then runs
+    the handler in the main thread whatever that thread's mask says. Main thread only (where
+    Python runs handlers); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+    old = {}
     try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old[s] = signal.signal(s, lambda signum, frame: pending.append(signum))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(pending):  # each held signal once, to the handler it would have met
+            signal.raise_signal(s)
 
 
 class CellLock:
@@ -131,14 +143,16 @@ class CellLock:
     def try_acquire(self) -> bool:
         if self.owner is not None:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             me = owner_record()
-            with _signals_deferred():  # a stop between create and self.owner would orphan the file
+            with signals_deferred():  # a stop between create and self.owner would orphan the file
                 try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
                     fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
                 except FileExistsError:
                     fd = None
+                except FileNotFoundError:  # a releaser removed the empty folder meanwhile
+                    continue
                 if fd is not None:
                     with os.fdopen(fd, "w") as f:
                         json.dump(me, f)
@@ -197,15 +211,22 @@ class CellLock:
         self._thread.start()
 
     def release(self) -> None:
+        """Unlink the lock if still ours, and the cell folder if that leaves it empty (a stop
+        cannot fall between: signals wait for the end)."""
         if self.owner is None:
             return
-        self._stop.set()
-        try:
-            if self.still_mine():
-                self.path.unlink()
-        except OSError:
-            pass
-        self.owner = None
+        with signals_deferred():
+            self._stop.set()
+            try:
+                if self.still_mine():
+                    self.path.unlink()
+            except OSError:
+                pass
+            self.owner = None
+            try:
+                self.path.parent.rmdir()  # only if empty: an interrupted cell leaves no folder
+            except OSError:
+                pass
 
     def __enter__(self) -> "CellLock":
         if not self.try_acquire():

@@ -59,12 +59,12 @@ def run_cell_stored(params: dict, results_dir: str) -> tuple[dict, bool]:
     """Run (or skip, if finished) one cell; returns (summary, ran)."""
     sig = run_signature(params)
     store = CellStore(results_dir, EXP, sig)
-    if store.is_finished():
+    if store.is_finished() and store.integrity()[0] != "damaged":
         return store.read_summary(), False
     result = run_theory_cell(params)
     timings = result.pop("timings")
-    store.write_text("config.yaml", yaml.safe_dump(params, sort_keys=True))
-    store.write_json("timings.json", timings)
+    store.write_text(CellStore.CONFIG, yaml.safe_dump(params, sort_keys=True))
+    store.write_json(CellStore.TIMINGS, timings)
     summary = {
         **result,
         "params": params,
@@ -76,7 +76,7 @@ def run_cell_stored(params: dict, results_dir: str) -> tuple[dict, bool]:
             "signature": sig,
         },
     }
-    store.write_json("summary.json", summary)  # last: marks the cell finished
+    store.finish(summary)  # checksum manifest, then summary.json last: marks the cell finished
     return summary, True
 
 

@@ -36,7 +36,9 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-SERIES_FILE = "timeseries.parquet"
+from repro.results.store import CellStore  # noqa: E402  (the cell folder's format)
+
+SERIES_FILE = CellStore.SERIES
 WINDOW_POINTS = 10
 META_KEY = b"repro.series"
 WINDOW_KEYS = (

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from repro.confutil import flatten
+from repro.results.store import CellStore
 from repro.tracking import runs
 from repro.tracking.series import SERIES_FILE, read_series
 
@@ -40,7 +41,7 @@ def _load_yaml(path: Path) -> dict:
 def find_cells(path: str | Path) -> list[Path]:
     """Finished cell folders under a root, an experiment folder or one cell folder."""
     path = Path(path)
-    if (path / "summary.json").is_file():
+    if (path / CellStore.SUMMARY).is_file():
         return [path]
     cells = sorted(p.parent for p in path.glob("*/summary.json"))
     if cells:
@@ -61,11 +62,11 @@ def cell_run(
 ) -> dict:
     """Everything a cell's W&B run holds; what is not given is read from the cell's files."""
     cell = Path(cell_dir)
-    config = dict(config if config is not None else _load_yaml(cell / "config.yaml"))
+    config = dict(config if config is not None else _load_yaml(cell / CellStore.CONFIG))
     if summary is None:
-        summary = json.loads((cell / "summary.json").read_text())
+        summary = json.loads((cell / CellStore.SUMMARY).read_text())
     if timings is None:
-        tp = cell / "timings.json"
+        tp = cell / CellStore.TIMINGS
         timings = json.loads(tp.read_text()) if tp.is_file() else {}
     if series is None and (cell / SERIES_FILE).is_file():
         series, meta = read_series(cell / SERIES_FILE)
@@ -79,7 +80,7 @@ def cell_run(
     try:
         start = datetime.fromisoformat(str(harness["started_utc"]))
     except (KeyError, ValueError):
-        start = datetime.fromtimestamp((cell / "summary.json").stat().st_mtime, timezone.utc)
+        start = datetime.fromtimestamp((cell / CellStore.SUMMARY).stat().st_mtime, timezone.utc)
     wall = float(harness.get("backend_wall_s") or 0.0)
     out = {
         "run_id": runs.run_id(exp, sig, runs.root_id(cell.parent.parent)),
@@ -169,8 +170,8 @@ def upload(results_dir: str | Path, mode: str = "offline", *, project=None, enti
         try:
             exp_dir = cell.parent
             if exp_dir not in by_exp:  # old results: swept keys from the differences between cells
-                configs = {c.name: _load_yaml(c / "config.yaml") for c in exp_dir.iterdir()
-                           if (c / "config.yaml").is_file()}
+                configs = {c.name: _load_yaml(c / CellStore.CONFIG) for c in exp_dir.iterdir()
+                           if (c / CellStore.CONFIG).is_file()}
                 by_exp[exp_dir] = {"configs": configs, "swept": runs.swept_from_siblings(configs)}
             info = by_exp[exp_dir]
             cfg = info["configs"].get(cell.name)

@@ -32,6 +32,7 @@ def test_cell_folder_contents(tmp_path, monkeypatch, capsys):
     assert len(cells) == 4
     for cell in cells:
         assert sorted(p.name for p in cell.iterdir()) == [
+            "checksums.sha256",
             "config.yaml",
             "fingerprint.json",
             "requests.parquet",

@@ -38,7 +38,8 @@ def test_theory_cell_shares_the_theory_cli_folder(tmp_path):
     out = run_cell_spec(CellSpec(0, "thm", cfg, sig, str(tmp_path), cfg["exp_name"]))
     assert out.status == "ran", out.error
     cell = Path(out.dir)
-    assert sorted(p.name for p in cell.iterdir()) == ["config.yaml", "fingerprint.json", "summary.json", "timings.json"]
+    assert sorted(p.name for p in cell.iterdir()) == [
+        "checksums.sha256", "config.yaml", "fingerprint.json", "summary.json", "timings.json"]
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["params"] == params and summary["provenance"]["backend"] == "theory"
     assert "model" not in summary["provenance"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.results.store import CellStore
 from tests.harness.helpers import ROOT, cli_args, run_inprocess, run_subprocess
 
 NO_WANDB = "tracking=disabled"
@@ -66,6 +67,8 @@ def test_stale_cell_is_shown_rerun_or_kept(tmp_path, monkeypatch, capsys):
     f["code"]["repro/routing/lbgr.py"] = "0" * 64  # as if made by another version of the router
     f["fingerprint"] = "old"
     fpath.write_text(json.dumps(f))
+    store = CellStore.at(cell)
+    store.finish(store.summary_path.read_bytes())  # sealed as such: made by other code, not damaged
     before = (cell / "summary.json").read_bytes()
 
     assert run_inprocess(tmp_path, "+exp=tiny", "--dry-run", monkeypatch=monkeypatch) == 0
@@ -88,6 +91,7 @@ def test_legacy_cell_without_fingerprint_is_stale(tmp_path, monkeypatch, capsys)
     assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == 0
     for f in tmp_path.glob("tiny/*/fingerprint.json"):
         f.unlink()
+        (f.parent / CellStore.MANIFEST).unlink()  # made before either existed
     capsys.readouterr()
     assert run_inprocess(tmp_path, "+exp=tiny", "--dry-run", monkeypatch=monkeypatch) == 0
     assert "0 finished, 4 stale, 4 to run" in capsys.readouterr().out
@@ -135,6 +139,16 @@ def test_config_errors_hydra_catches_exit_2(tmp_path, override):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-1500:]
     assert sorted(os.listdir(tmp_path)) == []  # no outputs/, no .cache/, no results
+
+
+@pytest.mark.parametrize("value", ["", "' '"])
+def test_an_empty_results_dir_is_an_error_not_the_project_root(tmp_path, value):
+    """issue 34 (5): `results_dir=` wrote 90 cells and .tracking_id into the project root, exit 0."""
+    before = sorted(os.listdir(ROOT))
+    res = run_subprocess(tmp_path, "+exp=tiny", f"results_dir={value}", NO_WANDB)
+    assert res.returncode == 2, res.stderr[-1500:]
+    assert "results_dir must name a folder" in res.stderr and "Traceback" not in res.stderr
+    assert sorted(os.listdir(ROOT)) == before and not (tmp_path / "tiny").exists()
 
 
 def test_dry_run_from_another_directory_writes_nothing_and_sees_the_project_results(tmp_path):
@@ -264,3 +278,21 @@ def test_a_worker_never_has_ctrl_c_live_even_while_it_starts():
     finally:
         w.conn.send(None)
         w.proc.join(10)
+
+
+@pytest.mark.parametrize("action,code", [("term_in_library", 143), ("int_in_library", 130)])
+def test_a_stop_a_library_swallows_is_still_a_stop_not_a_failure(tmp_path, monkeypatch, capsys, action, code):
+    """issue 34 (3): OmegaConf turned a worker's stop signal into a ConfigKeyError; the cell was
+    marked failed (error.txt) and the sweep went on. The signal arrives inside such a library
+    at a chosen point (the second cell's start)."""
+    from repro.harness import faults
+
+    monkeypatch.setattr(faults, "_counts", {})  # this process's cells are counted from here
+    monkeypatch.setenv("REPRO_FAULT", f"{action}:start:2")
+    assert run_inprocess(tmp_path, "+exp=tiny", NO_WANDB, "n_jobs=1", monkeypatch=monkeypatch) == code
+    err = capsys.readouterr().err
+    assert "stopped" in err and "FAILED" not in err, err[-2000:]
+    assert not list(tmp_path.glob("tiny/*/error.txt"))
+    cells = [d for d in (tmp_path / "tiny").iterdir() if not d.name.startswith(".")]
+    assert [sorted(p.name for p in d.iterdir()) for d in cells] == [sorted(p.name for p in cells[0].iterdir())]
+    assert (cells[0] / "summary.json").is_file()  # the first cell finished; the second left no folder

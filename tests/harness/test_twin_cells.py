@@ -13,6 +13,7 @@ import pytest
 
 from repro.harness import pool
 from repro.harness.cell import run_cell_spec
+from repro.results.store import CellStore
 from repro.tracking.series import SERIES_FILE
 from tests.harness.helpers import tiny_spec
 
@@ -74,20 +75,35 @@ def test_a_twin_is_not_taken_when_its_files_cannot_be_trusted_or_reproduced(tmp_
         shutil.rmtree(results / twin.exp_name)  # not a twin for the next case
         return "reused_from" not in out.extra
 
+    store = CellStore.at(first)
+
+    def reseal() -> None:  # an edit the cell's own manifest agrees with: not damage but what it says
+        store.finish(store.summary_path.read_bytes())
+
     # stale twin: made by other code
-    fp = json.loads((first / "fingerprint.json").read_text())
+    fp_bytes = (first / "fingerprint.json").read_bytes()
+    fp = json.loads(fp_bytes)
     (first / "fingerprint.json").write_text(json.dumps({**fp, "fingerprint": "0" * 64, "code": {"x.py": "0"}}))
+    reseal()
     assert runs_itself(twin_of(spec, "stale_twin"))
-    (first / "fingerprint.json").write_text(json.dumps(fp))
+    (first / "fingerprint.json").write_bytes(fp_bytes)
+    reseal()
+    # damaged twin: its summary changed after it was finished
+    summary = (first / "summary.json").read_bytes()
+    (first / "summary.json").write_bytes(summary.replace(b'"hit_rate": ', b'"hit_rate": 0.9512345, "x": '))
+    assert runs_itself(twin_of(spec, "damaged_twin"))
+    (first / "summary.json").write_bytes(summary)
     # its requests no longer match their hash
     good = (first / "requests.parquet").read_bytes()
     (first / "requests.parquet").write_bytes(good[:-8] + b"\0" * 8)
     assert runs_itself(twin_of(spec, "corrupt_twin"))
     (first / "requests.parquet").write_bytes(good)
     # finished without a series while this cell tracks one
-    (first / SERIES_FILE).rename(first / "series.bak")
+    (first / SERIES_FILE).rename(tmp_path / "series.bak")
+    reseal()
     assert runs_itself(twin_of(spec, "untracked_twin"))
-    (first / "series.bak").rename(first / SERIES_FILE)
+    (tmp_path / "series.bak").rename(first / SERIES_FILE)
+    reseal()
     assert not runs_itself(twin_of(spec, "good_twin"))
 
 

@@ -218,7 +218,7 @@ async def _service_process(tmp_path, urls, **service_kw):
     (port,) = free_ports(1)
     cfg = tmp_path / "router.json"
     cfg.write_text(json.dumps({"router": {"_target_": "repro.routing.RandomRouter"},
-                               "service": {"worker_urls": urls, "kv_capacity_tokens": [10_000] * len(urls),
+                               "service": {"worker_urls": urls, "kv_capacity_tokens": [1_000_000] * len(urls),
                                            **service_kw}}))
     url = f"http://127.0.0.1:{port}"
     p = ManagedProcess(ProcessSpec("router", router_service_command(sys.executable, "127.0.0.1", port, str(cfg)), {},
@@ -266,7 +266,8 @@ def test_hostile_bodies_get_4xx_without_blocking_small_requests(tmp_path):
     }
 
     async def main():
-        w = FakeWorker(lambda body: sglang_events({**body, "input_ids": body.get("input_ids") or [0]}))
+        w = FakeWorker(lambda body: sglang_events({**body, "input_ids": body.get("input_ids") or [0]}),
+                       capacity=1_000_000)  # holds the 600k-token prompt (the KV-size check passes it)
         await w.start()
         out = {}
         try:
@@ -314,12 +315,148 @@ def test_hostile_bodies_get_4xx_without_blocking_small_requests(tmp_path):
         assert got_status == status, (name, text[:300])
         if fragment:
             assert fragment in json.loads(text)["error"]["message"], (name, text[:300])
-        # On the event loop, the 3.6 MB prompt held it ~0.1 s and a 20 MB one ~1.3 s (the issue's
-        # measurement); off it, the small requests wait for nothing but the machine's load.
-        assert max(lat) < 0.5, (name, max(lat))
+        # The latencies are printed, not bounded: on a loaded machine any bound is flaky (issue 32,
+        # point 8). That big bodies are parsed off the event loop is checked by events in
+        # test_a_big_body_is_parsed_off_the_event_loop.
     # only the good requests reached the worker, with nothing but known fields
     assert all(set(b) <= protocol.FORWARDED_KEYS for b in forwarded)
     assert sum(1 for b in forwarded if b.get("text") == big_text) == 1
+
+
+def _one_token_worker():
+    return FakeWorker(lambda body: sglang_events({**body, "input_ids": body.get("input_ids") or [0]}))
+
+
+def test_a_big_body_is_parsed_off_the_event_loop(monkeypatch):
+    """While a big body's parse is held (an event the test controls), a small request is served;
+    then the big one is. Parsing on the loop would serve nothing until the parse ended."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from repro.backends.sglang.router_service import INLINE_PARSE_BYTES, service as service_mod
+
+    entered, release = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(1)
+
+    async def main():
+        w = _one_token_worker()
+        await w.start()
+        svc = _service(RecordingRouter(), [w.url])
+
+        def held_parse(raw):  # stands in for the parser process
+            entered.set()
+            release.wait()
+            return svc.parser.parse(raw)
+
+        monkeypatch.setattr(service_mod, "parse_in_child", held_parse)
+        monkeypatch.setattr(svc._pool, "get", lambda: pool)
+        port = await svc.start()
+        url = f"http://127.0.0.1:{port}/generate"
+        try:
+            async with aiohttp.ClientSession() as s:
+                big = json.dumps({"input_ids": [123456789] * 8000, "sampling_params":  # under the KV cache
+                                  {"max_new_tokens": 1}}).encode()
+                assert len(big) > INLINE_PARSE_BYTES
+
+                async def post(data):
+                    async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+                        return r.status
+                big_task = asyncio.create_task(post(big))
+                await asyncio.get_running_loop().run_in_executor(None, entered.wait)
+                small = json.dumps(protocol.generate_body(np.arange(8), 1, stream=False)).encode()
+                assert await post(small) == 200
+                assert not big_task.done()  # still held: the small one did not wait for it
+                release.set()
+                assert await big_task == 200
+        finally:
+            release.set()
+            await svc.stop()
+            await w.stop()
+            pool.shutdown()
+
+    run_async(main(), 120)
+
+
+async def _raw_post(port, headers: bytes, body: bytes) -> tuple[int, str]:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(b"POST /generate HTTP/1.1\r\nHost: x\r\n" + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await w.drain()
+    data = await r.read()
+    w.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest.decode(errors="replace")
+
+
+@pytest.mark.parametrize("headers,body,fragment", [
+    (b"Content-Type: application/json\r\n", b'{"text": "\\ud800abc"}', "lone surrogate (\\ud800)"),
+    (b"Content-Type: application/json\r\n", b'{"input_ids": [1, ' + b"9" * 40 + b"]}", "outside 0..2^31-1"),
+    (b"Content-Type: application/json\r\n", b'{"input_ids": [1, -1]}', "outside 0..2^31-1"),
+    (b"Content-Type: application/json\r\n", b'{"input_ids": [1, 2.5]}', "must hold integers, found 2.5"),
+    (b"Content-Type: text/plain\r\n", b'{"input_ids": [1]}', "Content-Type must be application/json"),
+    (b"", b'{"input_ids": [1]}', "Content-Type must be application/json, got 'none'"),
+    (b"Content-Type: application/json\r\n", b'{"input_ids": [1], "junk": 1}', "unknown request fields"),
+    (b"Content-Type: application/json\r\n", b'{"input_ids": [' + b"1," * 10_000 + b'1]}',
+     "prompt of 10001 tokens exceeds every worker's KV cache (largest: 10000 tokens)"),
+])
+def test_every_malformed_body_gets_a_clean_400_and_reaches_no_worker(caplog, headers, body, fragment):
+    async def main():
+        w = _one_token_worker()
+        await w.start()
+        svc = _service(RecordingRouter(), [w.url])
+        port = await svc.start()
+        try:
+            return await _raw_post(port, headers, body), w.bodies, svc.stats()
+        finally:
+            await svc.stop()
+            await w.stop()
+
+    (status, text), forwarded, stats = run_async(main(), 60)
+    assert status == 400, text
+    assert fragment in json.loads(text)["error"]["message"], text
+    assert forwarded == [] and stats["rejected"] == 1
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_idle_and_half_sent_connections_are_closed_without_tracebacks(caplog):
+    """Connections that hold no complete request (idle, headers or body half-sent) are closed after
+    client_timeout_s (a half-sent body gets a 408 first); clients that leave mid-body log nothing
+    above INFO. Waits on each connection's end (EOF), not on a clock."""
+    async def main():
+        w = _one_token_worker()
+        await w.start()
+        svc = _service(RecordingRouter(), [w.url], client_timeout_s=0.5)
+        port = await svc.start()
+        try:
+            async def conn(first: bytes, leave: bool):
+                r, wr = await asyncio.open_connection("127.0.0.1", port)
+                wr.write(first)
+                await wr.drain()
+                if leave:  # the client goes away mid-request
+                    wr.close()
+                    return None
+                data = await r.read()  # returns at the service's close
+                wr.close()
+                return data
+            head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            half_body = head + b'Content-Length: 100\r\n\r\n{"inp'
+            leavers = [conn(half_body, True) for _ in range(50)] + [conn(head, True) for _ in range(50)]
+            stayers = [conn(b"", False), conn(head, False), conn(half_body, False)]
+            *_, idle, half_header, half = await asyncio.gather(*leavers, *stayers)
+            async with aiohttp.ClientSession() as s:  # the service still serves
+                async with s.post(f"http://127.0.0.1:{port}/generate",
+                                  json=protocol.generate_body([1, 2], 1, stream=False)) as r:
+                    ok = r.status
+            return idle, half_header, half, ok
+        finally:
+            await svc.stop()
+            await w.stop()
+
+    idle, half_header, half, ok = run_async(main(), 120)
+    assert idle == b"" and half_header == b""  # closed without an answer
+    assert half.startswith(b"HTTP/1.1 408") and b"client_timeout_s" in half
+    assert ok == 200
+    loud = [r for r in caplog.records if r.levelno > 20]
+    assert not loud, [r.getMessage() for r in loud[:3]]
 
 
 def test_unknown_sampling_params_and_config_limits():
@@ -339,6 +476,8 @@ def test_unknown_sampling_params_and_config_limits():
         RouterServiceConfig(worker_urls=["http://a"], stall_timeout_s=0)
     with pytest.raises(ValueError, match="max_body_bytes"):
         RouterServiceConfig(worker_urls=["http://a"], max_body_bytes=10)
+    with pytest.raises(ValueError, match="client_timeout_s"):
+        RouterServiceConfig(worker_urls=["http://a"], client_timeout_s=0)
 
 
 if __name__ == "__main__":  # the issue's setting: PYTHONPATH=.:tests/live python tests/live/test_live_router_faults.py

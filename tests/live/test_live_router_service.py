@@ -262,7 +262,7 @@ def test_bad_requests_and_worker_rejections():
         url = f"http://127.0.0.1:{port}"
         try:
             async with aiohttp.ClientSession() as s:
-                async with s.post(url + "/generate", data=b"nope") as r:
+                async with s.post(url + "/generate", data=b"nope", headers={"Content-Type": "application/json"}) as r:
                     a = (r.status, await r.json())
                 async with s.post(url + "/generate", json={"input_ids": [[1]]}) as r:
                     b = (r.status, await r.json())

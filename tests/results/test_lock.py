@@ -66,29 +66,28 @@ def test_lock_being_written_counts_as_held(tmp_path):
     assert not CellLock(tmp_path).try_acquire()
 
 
-def _race(path, start, wins):
-    start.wait()
+def _race(path, ready, tried, results):
     lock = CellLock(path)
-    if lock.try_acquire():
-        wins.put(os.getpid())
-        time.sleep(0.5)  # hold it while the others try
+    ready.wait()  # every process started: they all try at once
+    won = lock.try_acquire()
+    results.put(won)
+    tried.wait()  # the winner holds the lock until every process has tried (events, not a sleep)
+    if won:
         lock.release()
 
 
 def test_many_processes_one_winner(tmp_path):
     ctx = multiprocessing.get_context("spawn")
-    start, wins = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(tmp_path, start, wins)) for _ in range(6)]
+    n = 6
+    ready, tried, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(tmp_path, ready, tried, results)) for _ in range(n)]
     for p in procs:
         p.start()
-    time.sleep(1.0)
-    start.set()
+    got = [results.get(timeout=300) for _ in range(n)]  # a generous bound against a hang only
     for p in procs:
-        p.join(30)
-    got = []
-    while not wins.empty():
-        got.append(wins.get())
-    assert len(got) == 1
+        p.join(60)
+    assert sorted(got) == [False] * (n - 1) + [True]
+    assert not (tmp_path / LOCK).exists()
 
 
 def test_two_breakers_of_one_dead_lock_one_wins(tmp_path):
@@ -100,3 +99,53 @@ def test_two_breakers_of_one_dead_lock_one_wins(tmp_path):
     assert a.try_acquire()
     assert not b.try_acquire()  # sees a's fresh lock, not the dead one
     assert a.still_mine()
+
+
+def _interrupt_self():
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at the next bytecode it may
+
+
+def test_a_stop_right_after_the_create_leaves_the_lock_owned(tmp_path, monkeypatch):
+    """issue 34 (6): a stop between creating the file and recording it as ours orphaned it."""
+    import repro.results.lock as lock_mod
+
+    real_open = os.open
+
+    def open_then_interrupt(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        _interrupt_self()  # the chosen point: the file exists, it is not yet recorded as ours
+        return fd
+
+    monkeypatch.setattr(lock_mod.os, "open", open_then_interrupt)
+    lock = CellLock(tmp_path / "cell")
+    try:
+        lock.try_acquire()
+        raise AssertionError("the interrupt never came")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(lock_mod.os, "open", real_open)
+    assert lock.owner is not None and lock.still_mine()  # ours, so the unwinding releases it
+    lock.release()
+    assert not (tmp_path / "cell").exists()  # lock and the folder it made: gone
+
+
+def test_a_stop_inside_release_still_unlinks(tmp_path, monkeypatch):
+    lock = CellLock(tmp_path / "cell")
+    assert lock.try_acquire()
+    (tmp_path / "cell" / "summary.json").write_text("{}")
+    real = CellLock.still_mine
+
+    def mine_then_interrupt(self):
+        _interrupt_self()  # the chosen point: between the ownership check and the unlink
+        return real(self)
+
+    monkeypatch.setattr(CellLock, "still_mine", mine_then_interrupt)
+    try:
+        lock.release()
+        raise AssertionError("the interrupt never came")
+    except KeyboardInterrupt:
+        pass
+    assert not (tmp_path / "cell" / LOCK).exists() and lock.owner is None
+    assert (tmp_path / "cell" / "summary.json").exists()  # a folder with files stays

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from repro.results.__main__ import main
+from repro.results.store import CellStore
 from tests.harness.helpers import run_inprocess
 
 
@@ -27,14 +28,16 @@ def test_status_fresh_then_stale(grid, tmp_path, capsys):
     copy = tmp_path / "r"
     shutil.copytree(grid, copy)
     assert main(["status", "--results-dir", str(copy)]) == 0
-    assert "tiny" in (out := capsys.readouterr().out) and "4 fresh     0 stale" in out
+    assert "tiny" in (out := capsys.readouterr().out) and "4 fresh     0 stale     0 damaged" in out
     f = next(copy.glob("tiny/*/fingerprint.json"))
     d = json.loads(f.read_text())
     d["versions"]["numpy"], d["fingerprint"] = "0.1", "x"
     f.write_text(json.dumps(d))
+    store = CellStore.at(f.parent)
+    store.finish(store.summary_path.read_bytes())  # sealed again: made by other code, not damaged
     assert main(["status", "--results-dir", str(copy)]) == 1
     out = capsys.readouterr().out
-    assert "3 fresh     1 stale" in out and "versions: numpy 0.1 ->" in out
+    assert "3 fresh     1 stale     0 damaged" in out and "versions: numpy 0.1 ->" in out
 
 
 def test_diff_shows_old_to_new(grid, tmp_path, capsys):

@@ -17,7 +17,7 @@ def test_quick_cli_stores_cells_and_skips_finished(tmp_path, capsys, monkeypatch
     assert len(cells) == 18 and "18 cells run" in out
     assert "python -m repro.figures thm_competitive_ratio" in out
     for d in cells:
-        assert {p.name for p in d.iterdir()} == {"config.yaml", "timings.json", "summary.json"}
+        assert {p.name for p in d.iterdir()} == {"config.yaml", "timings.json", "checksums.sha256", "summary.json"}
         s = json.loads((d / "summary.json").read_text())
         if s["policy"] == "lru":
             assert s["misses_per_phase"] == s["x"]

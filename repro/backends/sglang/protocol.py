@@ -7,8 +7,9 @@ Facts taken from sglang 0.5.23 (`srt/entrypoints/http_server.py`, `srt/managers/
   are sent SGLang runs `input_ids` and keeps `text` as the input text (the sglang-router routes on
   `text` when present, else on the ids written as decimal strings); `sampling_params`
   with `max_new_tokens` (SGLang's default 128), `ignore_eos`, `temperature`; `stream` (bool);
-  `rid` (str). Unknown keys are ignored by SGLang (its JSON contract says so), which is what lets
-  the client send `repro_output_ids` (below) through the real server harmlessly.
+  `rid` (str). Unknown keys are ignored by SGLang without a word (its request type drops them);
+  our router service refuses them with a 400 naming them (FORWARDED_KEYS below), so that a
+  typo'd option never changes nothing silently. Hence our extension below rides in a known field.
 - Non-streaming reply: one JSON object `{"text", "output_ids", "meta_info"}`.
 - Streaming reply (`text/event-stream`): events `data: <json>\\n\\n`, each shaped like the
   non-streaming reply, then `data: [DONE]\\n\\n`. By default (no `--incremental-streaming-output`)
@@ -87,7 +88,11 @@ def _int_list(value: Any, what: str) -> np.ndarray:
         arr = None
     if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
         bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
-        raise ProtocolError(f"{what} must hold integers, found {bad!r}")
+        if bad is None:  # all integers, one too big for int64 (numpy made an object array)
+            big = next(v for v in value if not -2**63 <= v < 2**64)
+            shown = str(big) if len(str(big)) <= 24 else f"{str(big)[:20]}... ({len(str(big))} digits)"
+            raise ProtocolError(f"{what} holds ids outside 0..2^31-1 (found {shown})")
+        raise ProtocolError(f"{what} must hold integers, found {repr(bad)[:60]}")
     if arr.min() < 0 or arr.max() > 2**31 - 1:
         raise ProtocolError(f"{what} holds ids outside 0..2^31-1 (min {arr.min()}, max {arr.max()})")
     return arr.astype(np.int32)
@@ -361,13 +366,17 @@ def raise_open_file_limit() -> int:
         return -1
 
 
-async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 1.0):
+async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 1.0,
+                    keepalive_timeout: float | None = None):
     """Serve an aiohttp `app` on host:port (0 = a free port); returns (runner, bound port).
+    keepalive_timeout: a connection that holds no complete request this long (idle, or its
+    headers half-sent) is closed (None: aiohttp's default, about an hour).
 
     Stop it with `await runner.cleanup()`."""
     from aiohttp import web
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    extra = {} if keepalive_timeout is None else {"keepalive_timeout": keepalive_timeout}
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout, **extra)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

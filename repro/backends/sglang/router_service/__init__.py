@@ -46,13 +46,20 @@ Faults:
   (`data: {"error": ...}` then `data: [DONE]`); a malformed worker response does the same
   (HTTP 502 when not streaming). A 4xx from the worker is passed through (bad request: no retry).
 - Per-request deadline `request_timeout_s` (wall seconds, from receipt): 504, or an error event.
-- Health: every `health_check_interval_s` GET /health on every worker; `health_failure_threshold`
-  consecutive failures mark it unhealthy, one success healthy again; a refused connection during a
-  request marks it unhealthy at once. With zero healthy workers requests get 503 at once.
+- Health: every `health_check_interval_s` (default 1 s) GET /health on every worker, each given
+  `health_check_timeout_s` (default 2 s; SGLang's /health is answered by its HTTP process without
+  a generation, so an alive worker, however busy, answers in milliseconds); `health_failure_threshold`
+  (2) consecutive failures mark it unhealthy, one success healthy again; a refused connection during
+  a request marks it unhealthy at once. With zero healthy workers requests get 503 at once.
+- Not done: diverting new requests from a worker whose latest health check failed ("suspect")
+  before it is marked down. Tried: on the loaded 2-core machine single 2 s misses of alive emulated
+  workers then overrode the router's choices often enough to move the fig2 GSP cell's live hit rate
+  from the simulator's 0.66 to 0.72 (tests/live/test_live_backend.py). A frozen worker gets new
+  requests until it is marked down (~3 s after its first missed deadline).
 - Marked unhealthy (e.g. a frozen worker: SIGSTOP, a hung GPU) = its requests stop waiting for it
   at once: those without a first byte go to another worker (as a retry), its open streams end with
   an error event. So a frozen worker costs its requests the detection time (about interval +
-  threshold x timeout), never `request_timeout_s`.
+  threshold x (interval + timeout), ~6 s with the defaults), never `request_timeout_s`.
 - Stall limit `stall_timeout_s` (default 60 s): an open stream whose worker then sends nothing for
   that long is ended with an error event (and counts as one failed health check). The wait for the
   FIRST event has no such limit: a queued request or a 126k-token prefill may take minutes on a busy
@@ -61,10 +68,12 @@ Faults:
   60 s never ends a healthy stream, whether the answer has 4 tokens or 128, and ends a silent one
   in a minute instead of the ten of the request deadline.
 - Bad input, answered before any work: a body over `max_body_bytes` (default 4 MiB; a 128k-token
-  prompt as ids plus its text is ~1.6 MB) -> 413 without reading it; not JSON or nested too deeply
-  -> 400; fields outside protocol.FORWARDED_KEYS / SAMPLING_KEYS -> 400 naming them (so only known
-  fields are forwarded); `text` that encodes to zero tokens -> 400 (protocol.PromptIds, shared
-  with the emulated worker). Bodies over 64 KiB are parsed and tokenized in a parser process (one,
+  prompt as ids plus its text is ~1.6 MB) -> 413 without reading it; a Content-Type other than
+  application/json (or none) -> 400; not JSON, nested too deeply or holding a lone surrogate
+  (`"\\ud800"`) -> 400; fields outside protocol.FORWARDED_KEYS / SAMPLING_KEYS -> 400 naming them
+  (SGLang would ignore them silently; only known fields are forwarded); ids that are not integers
+  in 0..2^31-1 -> 400; `text` that encodes to zero tokens -> 400 (protocol.PromptIds, shared with
+  the emulated worker); a prompt longer than every worker's KV cache -> 400, before forwarding. Bodies over 64 KiB are parsed and tokenized in a parser process (one,
   spawned on the first such body), not on the event loop: JSON decoding and the tokenizer's regex
   hold the GIL, so a thread would still stall small requests (~0.1 s for a 4 MB text prompt).
 - Start-up: the service refuses to start (NoHealthyWorkersError, exit code 2 from the CLI) when

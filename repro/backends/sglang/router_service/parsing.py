@@ -32,9 +32,27 @@ class RequestParser:
             raise protocol.ProtocolError(f"body is not JSON: {exc}") from None
         except RecursionError:
             raise protocol.ProtocolError("body is not acceptable JSON: nested too deeply") from None
+        _check_unicode(body)
         protocol.check_known_keys(body)
         inp = protocol.parse_generate_request(body)
         return inp, self.prompt_ids(inp)
+
+
+def _check_unicode(body) -> None:
+    """JSON lets a string hold a lone surrogate (\\ud800), which no tokenizer or UTF-8 writer takes."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+        raise protocol.ProtocolError(f"body holds a lone surrogate ({bad}): not valid Unicode text") from None
+
+
+def check_content_type(content_type: str | None) -> None:
+    """A /generate body must be declared JSON (application/json or */*+json): SGLang's FastAPI
+    refuses other types (422); an undeclared body is refused too rather than guessed at."""
+    main = (content_type or "").split(";", 1)[0].strip().lower()
+    if main != "application/json" and not (main.startswith("application/") and main.endswith("+json")):
+        raise protocol.ProtocolError(f"Content-Type must be application/json, got {content_type or 'none'!r}")
 
 
 class ParserPool:
@@ -78,4 +96,4 @@ def parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
     return dataclasses.replace(inp, body={}), ids  # the body is not needed back (and may be megabytes)
 
 
-__all__ = ["INLINE_PARSE_BYTES", "ParserPool", "RequestParser", "parse_in_child"]
+__all__ = ["INLINE_PARSE_BYTES", "ParserPool", "RequestParser", "check_content_type", "parse_in_child"]

@@ -22,7 +22,7 @@ from repro.backends.sglang.config import RouterServiceConfig
 from repro.backends.sglang.router_service import health
 from repro.backends.sglang.router_service.ledger import Flight, LiveWorkerView, WorkerState
 from repro.backends.sglang.router_service.parsing import (INLINE_PARSE_BYTES, ParserPool, RequestParser,
-                                                          parse_in_child)
+                                                          check_content_type, parse_in_child)
 from repro.backends.sglang.router_service.relay import (AttemptFailed, open_attempt, relay_json, relay_stream,
                                                         write_quietly)
 from repro.kvcache import as_key
@@ -96,7 +96,8 @@ class RouterService:
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/stats", self.handle_stats)
         app.router.add_get("/workers", self.handle_workers)
-        self._runner, self.port = await protocol.serve_app(app, host, port, shutdown_timeout=2.0)
+        self._runner, self.port = await protocol.serve_app(app, host, port, shutdown_timeout=2.0,
+                                                           keepalive_timeout=self.config.client_timeout_s)
         return self.port
 
     async def stop(self) -> None:
@@ -253,10 +254,26 @@ class RouterService:
             return self._reject(413, f"request body of {request.content_length} bytes exceeds the limit of "
                                      f"{limit} bytes (router_service.max_body_bytes)", "request_too_large")
         try:
-            raw = await request.read()  # aiohttp stops a chunked body at client_max_size (= the limit)
+            check_content_type(request.headers.get("Content-Type"))
+        except protocol.ProtocolError as exc:
+            return self._reject(400, str(exc), "invalid_request_error")
+        try:
+            async with asyncio.timeout(self.config.client_timeout_s):  # a half-sent body holds nothing forever
+                raw = await request.read()  # aiohttp stops a chunked body at client_max_size (= the limit)
         except web.HTTPRequestEntityTooLarge:
             return self._reject(413, f"request body exceeds the limit of {limit} bytes "
                                      f"(router_service.max_body_bytes)", "request_too_large")
+        except TimeoutError:
+            resp = self._reject(408, f"request body not received within {self.config.client_timeout_s:g}s "
+                                     f"(router_service.client_timeout_s)", "request_timeout")
+            resp.force_close()
+            return resp
+        except ConnectionError:  # the client left while sending its body: nobody to answer, no traceback
+            self.rejected += 1
+            self.failures["client_gone"] = self.failures.get("client_gone", 0) + 1
+            resp = web.Response(status=400)
+            resp.force_close()
+            return resp
         try:
             if len(raw) > INLINE_PARSE_BYTES:  # big bodies: JSON and tokenizer work off the event loop
                 inp, prompt = await loop.run_in_executor(self._pool.get(), parse_in_child, raw)
@@ -269,6 +286,10 @@ class RouterService:
             log.error("request parser process died: %s", exc)
             return self._reject(500, f"the router's request parser process died: {exc}", "internal")
 
+        fits = max((w.capacity for w in self.workers), default=0)
+        if len(prompt) > fits:  # no worker could ever hold it: refused here, not after a round trip
+            return self._reject(400, f"prompt of {len(prompt)} tokens exceeds every worker's KV cache "
+                                     f"(largest: {fits} tokens)", "invalid_request_error")
         key = self._next_key
         self._next_key += 1
         n_out = inp.max_new_tokens
