@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from repro import codehash
-from repro.fileio import sha256_file, sha256_json
+from repro.fileio import sha256_json
 from repro.results.store import CellStore
 
 FINGERPRINT = CellStore.FINGERPRINT
