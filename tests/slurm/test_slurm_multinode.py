@@ -32,17 +32,18 @@ def _needs_two_nodes(cluster):
         pytest.skip(f"needs 2 nodes with >= 5 (fake) GPUs each (.ci/slurm_up.sh defaults), have {cluster}")
 
 
-def _submit(tmp_path: Path, name: str, overrides: list[str]) -> str:
-    """sbatch a 2-node job (5 GPUs per node, like fig6's 10 workers on 8-GPU nodes) running one cell."""
+def _submit(tmp_path: Path, name: str, overrides: list[str], resources=("--gpus-per-node=5", "--time=5"),
+            export: str = "") -> str:
+    """sbatch a 2-node job (by default 5 GPUs per node, like fig6's 10 workers on 8-GPU nodes) running one cell."""
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
         f"cd {REPO}\n"
-        f"export REPRO_RESULTS_DIR={tmp_path / 'results'} WANDB_MODE=offline PYTHONPATH={REPO}\n"
+        f"export REPRO_RESULTS_DIR={tmp_path / 'results'} WANDB_MODE=offline PYTHONPATH={REPO} {export}\n"
         f"exec {sys.executable} -m repro.run " + " ".join(map(shlex.quote, overrides)) + "\n"  # no brace expansion
     )
     script.chmod(0o755)
-    out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--gpus-per-node=5", "--time=5",
+    out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", *resources,
                           f"--job-name={name}", f"--output={tmp_path / 'job.out'}", str(script)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -175,28 +176,13 @@ def test_a_remote_server_that_never_gets_healthy_fails_the_start_naming_its_node
     assert not _procs_mentioning(tmp_path), "processes of the cell outlived it"
 
 
-def _marked_pids(mark: str) -> list[int]:
-    needle = f"REPRO_TEST_MARK={mark}".encode()
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    with open(f"/proc/{d}/stat") as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(d))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.sglang_server
 def test_a_real_sglang_server_on_each_node(slurm_cluster, tmp_path):
     """A live_cpu_gsp cell in a 2-node job: one real SGLang server per node (node2's started by its node
     agent through srun), our router and the client on node1; node2's servers stopped by `scancel -s TERM`
     on its step; nothing left running anywhere."""
+    from tests.live_server.conftest import wait_no_orphans
+
     if len(slurm_cluster.nodes) < 2:
         pytest.skip(f"needs 2 nodes, have {slurm_cluster}")
     server_python = REPO / ".venv-sglang" / "bin" / "python"
@@ -204,21 +190,10 @@ def test_a_real_sglang_server_on_each_node(slurm_cluster, tmp_path):
         pytest.skip(f"no SGLang server environment at {server_python} (make sglang-server-env)")
     name = unique_name()
     mark = name
-    script = tmp_path / "job.sh"
     overrides = ["+exp=live_cpu_gsp", "policy=cache_aware_rlt", f"backend.server.python={server_python}",
                  "workload.num_queries=24", "workload.request_rate=4.0"]
-    script.write_text(
-        "#!/bin/bash\n"
-        f"cd {REPO}\n"
-        f"export REPRO_RESULTS_DIR={tmp_path / 'results'} WANDB_MODE=offline PYTHONPATH={REPO} REPRO_TEST_MARK={mark}\n"
-        f"exec {sys.executable} -m repro.run " + " ".join(map(shlex.quote, overrides)) + "\n"
-    )
-    script.chmod(0o755)
     try:
-        out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--time=15", f"--job-name={name}",
-                              f"--output={tmp_path / 'job.out'}", str(script)], capture_output=True, text=True, timeout=30)
-        assert out.returncode == 0, out.stderr
-        job = out.stdout.strip().split(";")[0]
+        job = _submit(tmp_path, name, overrides, resources=("--time=15",), export=f"REPRO_TEST_MARK={mark}")
         _wait_done(job, 900)
         (row,) = sacct_rows(name, 1)
     finally:
@@ -237,9 +212,4 @@ def test_a_real_sglang_server_on_each_node(slurm_cluster, tmp_path):
     codes = json.loads((cell / "logs" / "exit_codes.json").read_text())
     assert codes["node node2"] == 0, codes
     assert "servers stopped (signal 15)" in (cell / "logs" / "node-node2.log").read_text()
-    left = _marked_pids(mark)
-    deadline = time.monotonic() + 60
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = _marked_pids(mark)
-    assert not left, f"processes of the cell outlived it: {left}"
+    assert wait_no_orphans(mark) == [], "processes of the cell outlived it"
