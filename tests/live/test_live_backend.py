@@ -19,7 +19,7 @@ def _base(**backend_over):
     return {
         "seed": 0,
         "cluster": {"num_workers": 4},
-        "model": {"tensor_parallel": 1},
+        "model": {"tensor_parallel": 1, "hf_id": "meta-llama/Llama-3.1-8B-Instruct"},  # real servers need a model to load
         "router": {"name": "lbgr", "tracker": "approximate"},
         "eviction": {"name": "rlt", "granularity": "node"},
         "backend": b,
