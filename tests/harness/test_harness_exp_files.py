@@ -16,7 +16,8 @@ from tests.harness.helpers import ROOT
 SIX = {"random_lru", "round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_lru", "lbgr_rlt"}
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
 BEYOND = ("mooncake_replay",)  # experiments beyond the paper: their own model, GPU and workload
-PAPER = [e for e in EXPS if e not in BEYOND and e != "thm_competitive_ratio"]
+LIVE = ("live_cpu_gsp",)  # real SGLang servers on a CPU: a shrunk GSP, four systems, backend sglang
+PAPER = [e for e in EXPS if e not in BEYOND + LIVE and e != "thm_competitive_ratio"]
 
 
 def test_every_paper_experiment_has_a_file():
@@ -26,7 +27,7 @@ def test_every_paper_experiment_has_a_file():
             "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
             "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio",
             "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",  # the appendix figures, our reading
-            "fig2_router_rules", "regime_map", *BEYOND,  # beyond the paper
+            "fig2_router_rules", "regime_map", *BEYOND, *LIVE,  # beyond the paper
         ]
     )
 
@@ -169,8 +170,12 @@ def test_grid_shapes(grids):
     assert len(swept(g["fig14_decay_interval"], "router.decay_interval_s")) == 6
     for exp in EXPS:
         if exp not in ("fig14_decay_interval", "tab3_single_worker", "tab2_ablation", "thm_competitive_ratio",
-                       "fig2_router_rules", "regime_map", *BEYOND):
+                       "fig2_router_rules", "regime_map", *BEYOND, *LIVE):
             assert policies(g[exp]) == SIX, exp
+    live = g["live_cpu_gsp"]
+    assert policies(live) == {"round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_rlt"} and len(live) == 4
+    assert (CHOICES["live_cpu_gsp"]["model"], CHOICES["live_cpu_gsp"]["hardware"],
+            CHOICES["live_cpu_gsp"]["backend"]) == ("tiny_llama", "cpu", "sglang")
     thm = g["thm_competitive_ratio"]
     assert set(values(thm, "backend.name")) == {"theory"} and len(thm) == 54
     assert swept(thm, "theory.panel") == ["thm4", "thm5"]

@@ -23,6 +23,8 @@ def compose_option(group: str, option: str) -> dict:
         overrides = [f"policy=lbgr_{option}"]
     if group == "model":
         overrides.append("hardware=h200")  # the paper's GPU for 70B and Mixtral (8B fits it too)
+    if (group, option) == ("hardware", "cpu"):
+        overrides.append("model=tiny_llama")  # a CPU server holds the tiny model, not 8B
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = resolve(compose("config", overrides=overrides))
     if "num_queries" in cfg.get("workload", {}):
