@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_cpu_plan_carries_the_cpu_flags_and_environment(tmp_path):
         assert w.cmd[w.cmd.index("--load-format") + 1] == "dummy"
         assert w.cmd[w.cmd.index("--radix-eviction-policy") + 1] == "rlt"
         model_dir = w.cmd[w.cmd.index("--model-path") + 1]
-        assert (tiny_model.Path(model_dir) / "config.json").is_file()
+        assert (Path(model_dir) / "config.json").is_file()
         assert w.env["SGLANG_USE_CPU_ENGINE"] == "1" and w.env["OMP_NUM_THREADS"] == "1"
         assert w.env["REPRO_SGLANG_CPU_SHIMS"] == "1" and "CUDA_VISIBLE_DEVICES" not in w.env
     assert plan.gpus == [[], []]
