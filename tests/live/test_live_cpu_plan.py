@@ -66,7 +66,7 @@ def test_cpu_plan_carries_the_cpu_flags_and_environment(tmp_path):
     cfg = _cfg("exp=live_cpu_gsp", "policy=cache_aware_rlt")
     plan = _plan(cfg, tmp_path)
     assert len(plan.workers) == 2
-    for i, w in enumerate(plan.workers):
+    for w in plan.workers:
         assert w.cmd[0].endswith(".venv-sglang/bin/python") and str(ROOT) in w.cmd[0]  # from the project root
         assert w.cmd[1:3] == ["-m", "repro.backends.sglang.server"]
         for flag in CPU_ONLY:

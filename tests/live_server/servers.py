@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,9 +92,3 @@ def generate(url: str, ids: Sequence[int], max_new_tokens: int = 4) -> dict:
 
 def flush(url: str) -> None:
     post(url + "/flush_cache")
-
-
-def env_with(**extra: str) -> dict:
-    env = dict(os.environ)
-    env.update(extra)
-    return env

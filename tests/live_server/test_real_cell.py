@@ -89,11 +89,7 @@ def test_missing_model_dir_is_refused_before_anything_starts(tmp_path, test_mark
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "/nonexistent/model-dir" in proc.stderr + proc.stdout and "is not a directory" in proc.stderr + proc.stdout
     assert not (tmp_path / "live_cpu_gsp").exists() or not any((tmp_path / "live_cpu_gsp").iterdir())
-    assert marked_none(test_mark)
-
-
-def marked_none(mark: str) -> bool:
-    return wait_no_orphans(mark, 5.0) == []
+    assert wait_no_orphans(test_mark, 5.0) == []
 
 
 def test_server_that_never_becomes_healthy(tmp_path, test_mark):

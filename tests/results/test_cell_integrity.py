@@ -21,17 +21,6 @@ from tests.harness.helpers import run_inprocess
 TAMPERED = 0.9512345
 
 
-@pytest.fixture(scope="module")
-def grid(tmp_path_factory):
-    results = tmp_path_factory.mktemp("grid")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert run_inprocess(results, "+exp=tiny", "tracking=disabled", "n_jobs=1", monkeypatch=mp) == 0
-    finally:
-        mp.undo()
-    return results
-
-
 @pytest.fixture
 def copy(grid, tmp_path):
     out = tmp_path / "r"

@@ -4,22 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from repro.results.__main__ import main
 from repro.results.store import CellStore
-from tests.harness.helpers import run_inprocess
-
-
-@pytest.fixture(scope="module")
-def grid(tmp_path_factory):
-    results = tmp_path_factory.mktemp("grid")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert run_inprocess(results, "+exp=tiny", "tracking=disabled", "n_jobs=1", monkeypatch=mp) == 0
-    finally:
-        mp.undo()
-    return results
 
 
 def test_status_fresh_then_stale(grid, tmp_path, capsys):

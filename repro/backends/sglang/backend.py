@@ -142,8 +142,7 @@ def _real_server_errors(cfg: Mapping) -> list[str]:
             errs.append(f"model.local_dir {local!r} is not a directory")
         elif not local and not model.get("hf_id"):
             errs.append(f"model {model.get('name')!r}: no backend.server.model_path, local_dir or hf_id")
-    elif not os.path.isdir(os.path.expanduser(str(srv["model_path"]))) and "/" in str(srv["model_path"]) and \
-            str(srv["model_path"]).startswith(("/", ".", "~")):
+    elif str(srv["model_path"]).startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(str(srv["model_path"]))):
         errs.append(f"backend.server.model_path {srv['model_path']!r} is not a directory")
     python = srv.get("python")
     if python and not os.access(resolve_python(python), os.X_OK):

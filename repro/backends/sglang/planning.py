@@ -284,9 +284,10 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     else:
         n_local = node_of.count(0)
         tp = int(cfg["model"].get("tensor_parallel", 1) or 1)
-        gpus = (assign_gpus(n_local, tp, b.gpus) if hardware_server(cfg.get("hardware"))["uses_gpus"]
+        hw_server = hardware_server(cfg.get("hardware"))
+        gpus = (assign_gpus(n_local, tp, b.gpus) if hw_server["uses_gpus"]
                 else [[] for _ in range(n_local)]) + [[] for _ in range(m - n_local)]
-        workers = _sglang_servers(cfg, b, capacities, seeds, log_dir, worker_urls, where, python, gpus)
+        workers = _sglang_servers(cfg, b, hw_server, capacities, seeds, log_dir, worker_urls, where, python, gpus)
 
     router_url = f"http://{host}:{router_port}"
     if b.router_impl == "ours":
@@ -369,13 +370,12 @@ def _emulated_workers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: s
     return workers
 
 
-def _sglang_servers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: str, worker_urls: list[str],
+def _sglang_servers(cfg: dict, b: BackendConfig, hw_server: dict, capacities, seeds, log_dir: str, worker_urls: list[str],
                     where, python: str, gpus: list[list[str]]) -> list[ProcessSpec]:
     """One SGLang server per index (GPU ids of this node's servers: `gpus`)."""
     srv = b.server
     cluster = cfg["cluster"]
     model = cfg["model"]
-    hw_server = hardware_server(cfg.get("hardware"))
     tp = int(model.get("tensor_parallel", 1) or 1)
     model_path = srv.model_path or _local_model_path(model) or model.get("hf_id")
     if not model_path:
