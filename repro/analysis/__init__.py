@@ -7,5 +7,7 @@ backends; nothing below imports analysis).
   the numbers of the LBGR study computed from those records.
 - lbgr_sweep.py: the LBGR design study (variants vs a baseline on the tuning / evaluation cells).
 - lbgr_tune.py: the LBGR tuning protocol (free parameters chosen by prediction error).
-- lbgr_diagnostics.py: the command line of all three (`python -m repro.analysis.lbgr_diagnostics`).
+- lbgr_highload.py: LBGR's prediction parts against the realised queue wait / prefill / decode
+  on regime_map cells (why LBGR+RLT loses at high load).
+- lbgr_diagnostics.py: the command line of all four (`python -m repro.analysis.lbgr_diagnostics`).
 """

@@ -6,7 +6,8 @@ apply anyway) before every decision, and records, per decision and worker: track
 worker's TRUE cached prefix at that moment (WorkerView.peek_prefix), S^, P~, r^ (= theta . phi),
 E^, and the worker's real queue (waiting, running, in-flight); per completion: realised
 latency, TTFT and cached tokens of the chosen worker, and the learner's coefficients after the
-update. Other routers are recorded too (choice, true hits, realised latency) so that their
+update; on simulated workers also when each request's prefill started (a read-only step
+observer), so its realised queue wait = prefill start - arrival. Other routers are recorded too (choice, true hits, realised latency) so that their
 decisions can be compared with LBGR's.
 
 `summarise_decisions` reduces that to the numbers the LBGR study reports (calibration of E^
@@ -36,16 +37,35 @@ class DiagnosticRouter(Router):
         self.inner = inner
         self.name = inner.name
         self.decisions: list[dict] = []
-        self.per_worker: list[np.ndarray] = []  # (M, 10) rows per decision, COLUMNS below
+        self.per_worker: list[np.ndarray] = []  # (M, len(COLUMNS)) rows per decision
         self.completions: dict[int, dict] = {}
         self.thetas: list[tuple[float, int, np.ndarray]] = []
 
     COLUMNS = ("hit_tracked", "hit_true", "service_s", "load_s", "residual_s", "predicted_s",
-               "waiting", "running", "in_flight", "waiting_prefill_tokens")
+               "waiting", "running", "in_flight", "waiting_prefill_tokens", "prefill_pred_s")
 
     def reset(self, workers, seed):
         self.inner.reset(workers, seed)
         self.num_workers = len(workers)
+        self.prefill_start: dict[int, float] = {}  # request id -> start of its first prefill step
+        self.sim_workers = []
+        self.prefill_busy_s = [0.0] * len(workers)  # simulated seconds in steps that prefill
+        for view in workers:
+            sim_worker = getattr(view, "_w", None)  # a SimWorkerView: watch its steps, change nothing
+            if sim_worker is not None and hasattr(sim_worker, "observer"):
+                sim_worker.observer = _chain(sim_worker.observer, self._on_step)
+                self.sim_workers.append(sim_worker)
+
+    def busy_s(self) -> list[float]:
+        """Simulated seconds each worker spent in steps (empty off the simulator)."""
+        return [float(w.busy_s) for w in self.sim_workers]
+
+    def _on_step(self, event, worker, info):
+        if event == "start" and info.prefill:
+            self.prefill_busy_s[worker.worker_id] += info.duration_s
+            reqs, start = worker.table.requests, self.prefill_start
+            for i, _ in info.prefill:
+                start.setdefault(reqs[i].id, info.start_s)
 
     def select_worker(self, request, workers, now_s):
         m = len(workers)
@@ -64,6 +84,8 @@ class DiagnosticRouter(Router):
             rows[:, 3] = loads
             rows[:, 5] = predicted
             rows[:, 4] = predicted - service - loads
+            svc, plen = self.inner.service, len(request.prompt_tokens)  # S's prefill part (the rest: decode)
+            rows[:, 10] = [svc.prefill(svc.class_of[i], plen, int(h)) for i, h in enumerate(hits)]
         choice = self.inner.select_worker(request, workers, now_s)
         self.decisions.append({"id": request.id, "now_s": now_s, "worker": int(choice),
                                "prompt_tokens": len(request.prompt_tokens), "group": request.group_id})
@@ -94,7 +116,12 @@ class DiagnosticRouter(Router):
                 d[f"{name}_w{i}"] = arr[:, i, c]
         comp = pd.DataFrame.from_dict(self.completions, orient="index")
         comp.index.name = "id"
-        return d.join(comp, on="id")
+        d = d.join(comp, on="id")
+        start = getattr(self, "prefill_start", {})
+        if start:
+            d["prefill_start_s"] = d["id"].map(start)
+            d["queue_wait_s"] = d["prefill_start_s"] - d["now_s"]
+        return d
 
     def theta_table(self) -> pd.DataFrame:
         if not self.thetas:
@@ -106,6 +133,18 @@ class DiagnosticRouter(Router):
         for k in range(th.shape[1]):
             df[f"theta{k}"] = th[:, k]
         return df
+
+
+def _chain(first, second):
+    """An observer calling `first` (if any), then `second`."""
+    if first is None:
+        return second
+
+    def both(event, worker, info):
+        first(event, worker, info)
+        second(event, worker, info)
+
+    return both
 
 
 def run_instrumented(cfg) -> tuple[dict, DiagnosticRouter]:

@@ -1,14 +1,16 @@
 """LBGR diagnostics, the command line: one cell with every routing decision recorded, the design
-study (`sweep`) and the tuning protocol (`tune`).
+study (`sweep`), the tuning protocol (`tune`) and the high-load diagnostic (`highload`).
 
     python -m repro.analysis.lbgr_diagnostics policy=lbgr_lru cluster.kv_cache_tokens=16384 \\
         workload.request_rate=20 [--out /tmp/diag] [--quiet]
     python -m repro.analysis.lbgr_diagnostics sweep tuning|evaluation \\
         --variant 'LBGR+LRU=policy=lbgr_lru router.decay_factor=0.95' [--variant ...] [--per-cell]
+    python -m repro.analysis.lbgr_diagnostics highload [--rates 8,16,24,32] ...   (lbgr_highload.py)
     python -m repro.analysis.lbgr_diagnostics tune [--param router.decay_factor=0.8,0.9,0.95 ...]
         [--design oat|factorial] [--quick]     (the tuning protocol: scripts/lbgr_tune.sh)
 
-What is recorded: repro/analysis/decisions.py; the study: lbgr_sweep.py; the protocol: lbgr_tune.py.
+What is recorded: repro/analysis/decisions.py; the study: lbgr_sweep.py; the protocol: lbgr_tune.py;
+LBGR's predictions against the realised latency parts on regime_map cells: lbgr_highload.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Sequence
 
 from repro.analysis.cells import compose_cell
 from repro.analysis.decisions import run_instrumented, summarise_decisions
+from repro.analysis.lbgr_highload import highload_main
 from repro.analysis.lbgr_sweep import sweep_main
 from repro.analysis.lbgr_tune import tune_main
 
@@ -31,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sweep_main(argv[1:])
     if argv[:1] == ["tune"]:
         return tune_main(argv[1:])
+    if argv[:1] == ["highload"]:
+        return highload_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the cell (policy=lbgr_lru seed=100 ...)")
     ap.add_argument("--out", type=Path, help="write decisions.parquet, thetas.parquet, diagnostics.json here")

@@ -1,0 +1,50 @@
+"""The high-load diagnostic: realised latency parts and LBGR's prediction parts, on a small cell."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro.analysis.lbgr_diagnostics import main
+from repro.analysis.lbgr_highload import run_cell_diag, table_md
+
+SMALL = [
+    "workload.num_queries=96",
+    "workload.num_groups=6",
+    "workload.prompts_per_group=null",
+    "workload.system_prompt_len_range=[200,400]",
+    "workload.question_len=32",
+]
+
+
+@pytest.mark.parametrize("policy", ["lbgr_rlt", "cache_aware_lru"])
+def test_latency_parts_add_up_and_lbgr_parts_make_e(policy):
+    row, d = run_cell_diag(policy, 40.0, 1500, 0, SMALL)
+    assert row["requests"] == len(d) == 96 and d["id"].is_unique
+    assert (d["queue_wait_s"] >= 0).all() and (d["prefill_real_s"] > 0).all() and (d["decode_real_s"] >= 0).all()
+    assert d["now_s"].le(d["prefill_start_s"]).all()
+    parts = row["wait_mean_s"] + row["prefill_mean_s"] + row["decode_mean_s"]
+    assert parts == pytest.approx(row["mean_latency_s"])
+    assert 0 < row["prefill_busy_frac"] <= row["busy_frac"] <= 1
+    assert 0.25 <= row["max_worker_share"] <= 1 and 0 < row["group_home_share"] <= 1
+    assert 1 <= row["workers_per_group"] <= 4
+    if policy == "lbgr_rlt":
+        e = row["S_prefill_pred_s"] + row["S_decode_pred_s"] + row["P_mean_s"] + row["r_mean_s"]
+        assert e == pytest.approx(row["E_mean_s"])
+        assert row["E_mae_s"] >= abs(row["E_bias_s"])
+        assert (d["decode_pred_s"] >= 0).all()
+    else:
+        assert "E_mean_s" not in row
+
+
+def test_cli_writes_one_row_per_cell(tmp_path):
+    extra = [a for o in SMALL for a in ("--override", o)]
+    assert main(["highload", "--rates", "40", "--seeds", "0", "--budget", "1500", "--out", str(tmp_path), *extra]) == 0
+    cells = pd.read_csv(tmp_path / "cells.csv")
+    assert sorted(cells["system"]) == ["CacheAware+LRU", "LBGR+RLT"] and (cells["requests"] == 96).all()
+    text = (tmp_path / "table.md").read_text()
+    assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| 40 |")] == ["CacheAware+LRU", "LBGR+RLT"]
+    assert "workload.num_queries=96" in text.splitlines()[0]  # the overrides are named
+    assert table_md(cells).count("\n| 40 |") == 2
+    assert np.isfinite(cells.loc[cells["system"] == "LBGR+RLT", "E_corr"]).all()
