@@ -1,12 +1,13 @@
 """Why LBGR+RLT loses at high load: its predictions against what happened, on regime_map cells.
 
     python -m repro.analysis.lbgr_diagnostics highload [--rates 8,16,24,32] [--seeds 0,1]
-        [--budget 32768] [--systems LBGR+RLT,CacheAware+LRU] [--override router.decay_interval_s=0.01 ...]
-        [--out results_analysis/lbgr_highload] [--requests]
+        [--budget 32768] [--workloads gsp] [--systems LBGR+RLT,CacheAware+LRU]
+        [--override KEY=VALUE ...] [--vary router.decay_interval_s=0.01,0.1,5] [--requests]
+        [--out results_analysis/lbgr_highload]
 
 Runs LBGR+RLT and CacheAware+LRU on the regime_map cells (GSP, the given rates and per-worker KV
-budget; the same cells as results/regime_map/, so the same summaries) with every decision
-recorded (decisions.py), and splits each request's realised latency into
+budget, default the workload's limited one; the same cells as results/regime_map/, and at 12 req/s
+as fig2_main, so the same summaries) with every decision recorded (decisions.py), and splits each request's realised latency into
   queue wait  = start of its first prefill step - arrival,
   prefill     = first token - that start (its chunks and the other requests batched with them),
   decode      = finish - first token (its decode steps and the prefill steps run between them),
@@ -22,6 +23,8 @@ Writes <out>/cells.csv (one row per cell and seed), <out>/table.md (seed means) 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -33,15 +36,19 @@ from repro.analysis.decisions import fit_line, run_instrumented, summarise_decis
 from repro.fileio import write_atomic
 
 SYSTEMS = {"LBGR+RLT": "lbgr_rlt", "CacheAware+LRU": "cache_aware_lru"}
+MORE_SYSTEMS = {"CacheAware+RLT": "cache_aware_rlt", "RoundRobin+LRU": "round_robin_lru", "Random+LRU": "random_lru"}
 RATES = (8.0, 16.0, 24.0, 32.0)
 SEEDS = (0, 1)
-BUDGET = 32768
+WORKLOADS = ("gsp",)
 OUT = Path("results_analysis/lbgr_highload")
 
 
-def cell_overrides(policy: str, rate: float, budget: int, seed: int, extra: Sequence[str] = ()) -> list[str]:
-    return ["exp=regime_map", f"policy={policy}", f"workload.request_rate={rate}",
-            f"cluster.kv_cache_tokens={budget}", f"seed={seed}", "tracking=disabled", *extra]
+def cell_overrides(policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (),
+                   workload: str = "gsp") -> list[str]:
+    """The cell's Hydra overrides; budget None: the workload's limited budget."""
+    kv = f"${{limited_kv_cache_tokens.{workload}}}" if budget is None else budget
+    return ["exp=regime_map", f"workload={workload}", f"policy={policy}", f"workload.request_rate={rate}",
+            f"cluster.kv_cache_tokens={kv}", f"seed={seed}", "tracking=disabled", *extra]
 
 
 def request_frame(d: pd.DataFrame) -> pd.DataFrame:
@@ -102,29 +109,36 @@ def cell_row(d: pd.DataFrame, m: int, busy_s: Sequence[float], prefill_busy_s: S
     return row
 
 
-def run_cell_diag(policy: str, rate: float, budget: int, seed: int, extra: Sequence[str] = ()) -> tuple[dict, pd.DataFrame]:
+def run_cell_diag(policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (),
+                  workload: str = "gsp") -> tuple[dict, pd.DataFrame]:
     """(cell row, request frame) of one cell."""
-    cfg = compose_cell(cell_overrides(policy, rate, budget, seed, extra))
+    cfg = compose_cell(cell_overrides(policy, rate, budget, seed, extra, workload))
     summary, rec = run_instrumented(cfg)
     d = request_frame(rec.decision_table())
     row = cell_row(d, int(cfg.cluster.num_workers), rec.busy_s(), rec.prefill_busy_s)
+    row["budget"] = int(cfg.cluster.kv_cache_tokens)
     if row["requests"] != summary["num_requests"] or abs(row["p50_latency_s"] - summary["latency_p50_s"]) > 1e-9:
         raise AssertionError("the recorded requests disagree with the cell's summary")
     return row, d
 
 
-def highload(rates=RATES, seeds=SEEDS, budget: int = BUDGET, systems: Sequence[str] = tuple(SYSTEMS),
-             extra: Sequence[str] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells: one row per system x rate x seed, requests: one row per routed request);
-    `extra`: Hydra overrides applied to every cell."""
+def highload(rates=RATES, seeds=SEEDS, budget: int | None = None, systems: Sequence[str] = tuple(SYSTEMS),
+             extra: Sequence[str] = (), workloads: Sequence[str] = WORKLOADS,
+             variants: Sequence[str] = ("",)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells: one row per workload x rate x system x variant x seed, requests: one row per routed
+    request); `extra`: Hydra overrides of every cell; `variants`: one more override each ("" = none)."""
     rows, frames = [], []
-    for rate in rates:
-        for system in systems:
-            for seed in seeds:
-                row, d = run_cell_diag(SYSTEMS[system], rate, budget, seed, extra)
-                key = {"system": system, "rate": rate, "budget": budget, "seed": seed}
-                rows.append({**key, **row})
-                frames.append(d.assign(**key))
+    for workload in workloads:
+        for rate in rates:
+            for system in systems:
+                for variant in variants:
+                    label = f"{system} {variant}".strip()
+                    for seed in seeds:
+                        more = [*extra, variant] if variant else extra
+                        row, d = run_cell_diag({**SYSTEMS, **MORE_SYSTEMS}[system], rate, budget, seed, more, workload)
+                        key = {"workload": workload, "system": label, "rate": rate, "seed": seed}
+                        rows.append({**key, **row})
+                        frames.append(d.assign(**key))
     return pd.DataFrame(rows), pd.concat(frames, ignore_index=True)
 
 
@@ -142,17 +156,17 @@ TABLE = (
 
 
 def table_md(cells: pd.DataFrame) -> str:
-    """Seed means per (rate, system) as a markdown table."""
-    mean = cells.groupby(["rate", "system"], sort=True).mean(numeric_only=True).reset_index()
-    head = "| rate | system | " + " | ".join(h for _, h, _ in TABLE) + " |"
-    lines = [head, "|" + "---|" * (len(TABLE) + 2)]
+    """Seed means per (workload, KV budget, rate, system) as a markdown table."""
+    keys = ["workload", "budget", "rate", "system"]
+    mean = cells.groupby(keys, sort=True).mean(numeric_only=True).reset_index()
+    head = "| workload | KV/worker | rate | system | " + " | ".join(h for _, h, _ in TABLE) + " |"
+    lines = [head, "|" + "---|" * (len(TABLE) + len(keys))]
     for _, r in mean.iterrows():
-        vals = ["" if not np.isfinite(r[c]) else format(r[c], f) for c, _, f in TABLE]
-        lines.append(f"| {r['rate']:g} | {r['system']} | " + " | ".join(vals) + " |")
+        vals = ["" if not np.isfinite(r.get(c, np.nan)) else format(r[c], f) for c, _, f in TABLE]
+        lines.append(f"| {r['workload']} | {r['budget']:.0f} | {r['rate']:g} | {r['system']} | " + " | ".join(vals) + " |")
     seeds = ", ".join(str(s) for s in sorted(cells["seed"].unique()))
     extra = cells.attrs.get("extra") or ()
-    note = (f"GSP, {int(cells['budget'].iloc[0])} KV tokens/worker{''.join(', ' + e for e in extra)}, "
-            f"seed means over seeds {seeds}; seconds. "
+    note = (f"Seed means over seeds {seeds}{''.join(', ' + e for e in extra)}; seconds. "
             "wait / prefill / decode: the realised parts of the latency (their means add up to the mean "
             "latency); E = S prefill + S decode + P + r: LBGR's prediction for the chosen worker; "
             "E bias = mean(latency - E), wait-P = mean(queue wait - P); busy / prefill busy: mean fraction of the "
@@ -166,19 +180,28 @@ def highload_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    ap.add_argument("--budget", type=int, default=BUDGET)
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
+    ap.add_argument("--budget", type=int, default=None, help="KV tokens per worker (default: the workload's limited budget)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join({**SYSTEMS, **MORE_SYSTEMS})}")
     ap.add_argument("--override", action="append", default=[], help="Hydra override for every cell (repeatable)")
+    ap.add_argument("--vary", help="KEY=V1,V2,...: one row per value (e.g. router.decay_interval_s=0.01,5)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--requests", action="store_true", help="also write requests.parquet")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
-    cells, requests = highload(rates, seeds, args.budget, args.systems.split(","), args.override)
+    variants = [""]
+    if args.vary:
+        key, values = args.vary.split("=", 1)
+        variants = [f"{key}={v}" for v in values.split(",")]
+    cells, requests = highload(rates, seeds, args.budget, args.systems.split(","), args.override,
+                               args.workloads.split(","), variants)
     cells.attrs["extra"] = args.override
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "cells.csv", cells.to_csv(index=False, float_format="%.6g"))
-    text = table_md(cells)
+    cmd = " ".join(["python -m repro.analysis.lbgr_diagnostics highload", *map(shlex.quote, argv)])
+    text = f"`{cmd}`\n\n" + table_md(cells)
     write_atomic(args.out / "table.md", text)
     if args.requests:
         requests.to_parquet(args.out / "requests.parquet")

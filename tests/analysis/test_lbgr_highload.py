@@ -44,7 +44,12 @@ def test_cli_writes_one_row_per_cell(tmp_path):
     cells = pd.read_csv(tmp_path / "cells.csv")
     assert sorted(cells["system"]) == ["CacheAware+LRU", "LBGR+RLT"] and (cells["requests"] == 96).all()
     text = (tmp_path / "table.md").read_text()
-    assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| 40 |")] == ["CacheAware+LRU", "LBGR+RLT"]
-    assert "workload.num_queries=96" in text.splitlines()[0]  # the overrides are named
-    assert table_md(cells).count("\n| 40 |") == 2
+    rows = [line.split(" | ")[3] for line in text.splitlines() if line.startswith("| gsp | 1500 | 40 |")]
+    assert rows == ["CacheAware+LRU", "LBGR+RLT"]
+    assert text.startswith("`python -m repro.analysis.lbgr_diagnostics highload --rates 40 ")  # the command
+    assert "workload.num_queries=96" in text.splitlines()[2]  # the overrides are named
+    assert table_md(cells).count("\n| gsp | 1500 | 40 |") == 2
     assert np.isfinite(cells.loc[cells["system"] == "LBGR+RLT", "E_corr"]).all()
+    # without an LBGR system the prediction columns stay empty
+    baseline = table_md(cells[cells["system"] == "CacheAware+LRU"])
+    assert baseline.splitlines()[-1].endswith("|  |  |  |  |  |  |  |  |  |  |")
