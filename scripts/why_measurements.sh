@@ -2,7 +2,7 @@
 # The measurements the claims table's Why texts cite (repro/figures/claims_why.yaml), one command:
 # realised queue wait / prefill / decode per request against LBGR's prediction parts
 # (repro/analysis/lbgr_highload.py), written to results_analysis/<name>/{table.md,cells.csv}.
-# Rerun after anything that moves results (simulator, cost model, routers); about 2 minutes on 2 cores.
+# Rerun after anything that moves results (simulator, cost model, routers); about a minute on 2 cores.
 set -euo pipefail
 run() { ${PYTHON:-python3} -m repro.analysis.lbgr_diagnostics highload "$@" > /dev/null; }
 # why LBGR+RLT loses at 24-32 req/s on the regime map (GSP, 32k tokens per worker)
@@ -16,3 +16,7 @@ run --rates 12 --seeds 0,1,2 --workloads gsp,sharegpt,ultrachat --budget 262144 
 # fig14: LBGR's queue-load estimate against the realised wait per decay interval
 run --rates 12 --seeds 0,1,2 --systems LBGR+RLT --vary router.decay_interval_s=0.01,0.05,0.1,0.5,1.0,5.0 \
   --out results_analysis/fig14_decay
+# the regime map's 24-32 req/s with LBGR reading the workers' true caches (is tracker error the cause?)
+run --rates 24,32 --systems LBGR+RLT --vary router.tracker=approximate,exact --out results_analysis/lbgr_highload_tracker
+# fig6's overloaded point: 2 workers at 12 req/s
+run --rates 12 --seeds 0,1,2 --override cluster.num_workers=2 --out results_analysis/fig6_two_workers

@@ -26,6 +26,7 @@ NAME = EXP = "regime_map"
 TITLE = ("Regime map: where LBGR+RLT beats Cache-Aware+LRU (sglang-router 0.3.2 and smg 1.13), and RLT beats LRU, "
          "on GSP (beyond the paper)")
 RATE, BUDGET = "workload.request_rate", "cluster.kv_cache_tokens"
+WHY_COMMAND = "python -m repro.analysis.lbgr_diagnostics highload"
 # (panel title, numerator system, denominator system, metric, direction of the paper's claim: -1 = ratio < 1)
 PANELS = (
     ("LBGR+RLT / CacheAware+LRU, P50 latency", "LBGR+RLT", "CacheAware+LRU", "latency_p50_s", -1),
@@ -143,4 +144,7 @@ def caption_text(df: pd.DataFrame, r: pd.DataFrame) -> str:
                  "the per-seed difference is within 2 standard errors over seeds (a tie; the claims table's rule). "
                  "Cache-aware router: the rule in each cell's config (router.generation: v0_3_2 = sglang-router 0.3.2 "
                  "for CacheAware, smg_1_13 = smg 1.13.0 for CacheAware(smg)).")
+    parts.append(f"Where {PANELS[0][1]} trails {PANELS[0][2]} and why (its predictions against each request's "
+                 f"realised queue wait, prefill and decode): {WHY_COMMAND} (results_analysis/lbgr_highload/table.md; "
+                 "claims note [lbgr-load]).")
     return " ".join(parts)

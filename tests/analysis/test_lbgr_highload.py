@@ -53,3 +53,13 @@ def test_cli_writes_one_row_per_cell(tmp_path):
     # without an LBGR system the prediction columns stay empty
     baseline = table_md(cells[cells["system"] == "CacheAware+LRU"])
     assert baseline.splitlines()[-1].endswith("|  |  |  |  |  |  |  |  |  |  |")
+
+
+def test_the_regime_map_caption_names_a_command_that_exists(capsys):
+    from repro.figures.regime_map import WHY_COMMAND
+
+    module, sub = WHY_COMMAND.split()[2:4]
+    assert module == "repro.analysis.lbgr_diagnostics"
+    with pytest.raises(SystemExit) as exc:
+        main([sub, "--help"])
+    assert exc.value.code == 0 and "--rates" in capsys.readouterr().out

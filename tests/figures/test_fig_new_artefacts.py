@@ -63,7 +63,8 @@ def test_regime_map_ratios(fixture_results, tmp_path):
     assert {p.name for p in paths} == {"regime_map.png", "regime_map.pdf", "regime_map.csv", "regime_map.caption.txt"}
     csv = pd.read_csv(tmp_path / "regime_map.csv")
     assert len(csv) == len(r)
-    assert "ties within noise" in (tmp_path / "regime_map.caption.txt").read_text()
+    caption = (tmp_path / "regime_map.caption.txt").read_text()
+    assert "ties within noise" in caption and mod.WHY_COMMAND in caption
 
 
 def test_regime_map_marks_a_noisy_cell_as_tie(results_copy):
