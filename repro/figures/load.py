@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from repro.metrics.summary import SUMMARY_KEYS
+from repro.metrics.summary import SUMMARY_KEYS, TEXT_SUMMARY_KEYS
 from repro.results.signature import NON_RESULT_KEYS
 from repro.results.store import CellStore
 
@@ -191,7 +191,7 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     if df.empty:
         return df
     for k in SUMMARY_KEYS:
-        if k in df:
+        if k in df and k not in TEXT_SUMMARY_KEYS:
             df[k] = pd.to_numeric(df[k], errors="coerce")
     df = add_overheads(df)
     df.attrs["summary_columns"] = sorted(summary_cols)
