@@ -41,6 +41,10 @@ Definitions (stated in REPRODUCE.md too):
   the claim's statistic (e.g. the mean over benchmarks of the per-benchmark ratio, per seed)
   must differ from "no change" (1× / 0 %) by more than 2 SE over seeds, else the claim is a
   tie and "not reproduced" (the Ours column says "tie within noise").
+- The Load regime column says where a claim's numbers come from: the regime (summary.json
+  `regime`, a point as its worst seed) of every point row its rule read — "stable", or the
+  systems per non-stable regime after "k of n compared points stable"; "n/a" without regimes
+  (theory cells).
 - The Why column is prose written for given numbers: each text carries a stamp (a digest of
   the results of the artefacts it is about, repro/figures/claims_why.yaml); a text whose stamp
   differs from today's results is not shown as current but flagged "stale".
