@@ -10,8 +10,8 @@ results/<EXP>/ folder, the same name as conf/exp/<EXP>.yaml) and
 loader), perf (the six-panel performance figures), tables, captions, style, claims (the
 claims table) and reproduce (REPRODUCE.md's generated blocks and figures/README.md).
 thm_competitive_ratio is the kvcache engineer's module, registered here as is. fig8/fig9 are
-the paper's appendix figures as we read them; fig2_router_rules and regime_map go beyond the
-paper (fig2_router_rules also reads results/fig2_main/).
+the paper's appendix figures as we read them; fig2_router_rules, regime_map and load_ladder go beyond
+the paper (fig2_router_rules also reads results/fig2_main/).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ ARTEFACTS: tuple[str, ...] = (
     # beyond the paper
     "fig2_router_rules",
     "regime_map",
+    "load_ladder",
     "mooncake_replay",
 )
 

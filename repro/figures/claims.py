@@ -41,6 +41,10 @@ Definitions (stated in REPRODUCE.md too):
   the claim's statistic (e.g. the mean over benchmarks of the per-benchmark ratio, per seed)
   must differ from "no change" (1× / 0 %) by more than 2 SE over seeds, else the claim is a
   tie and "not reproduced" (the Ours column says "tie within noise").
+- The Load regime column says where a claim's numbers come from: the regime (summary.json
+  `regime`, a point as its worst seed) of every point row its rule read — "stable", or the
+  systems per non-stable regime after "k of n compared points stable"; "n/a" without regimes
+  (theory cells).
 - The Why column is prose written for given numbers: each text carries a stamp (a digest of
   the results of the artefacts it is about, repro/figures/claims_why.yaml); a text whose stamp
   differs from today's results is not shown as current but flagged "stale".
@@ -57,7 +61,7 @@ import pandas as pd
 
 from repro.figures import claims_why  # its WHY / NOTES are read at call time (tests replace them)
 from repro.figures.claims_catalogue import CLAIMS, Claim, load_catalogue
-from repro.figures.claims_evidence import NO_DATA_ERRORS, Results
+from repro.figures.claims_evidence import NO_DATA_ERRORS, Results, compared_regimes, regime_text
 from repro.figures.claims_rules import RULES, mean_ratio
 from repro.figures.claims_verdict import (
     K_SE, LOSS, NO_DATA, NOT, PARTLY, REPRODUCED, TIE, VERDICTS, WIN, Checks, Finding, compare, numeric, paired, pct,
@@ -68,20 +72,23 @@ from repro.figures.style import PAPER_SYSTEMS
 
 
 def evaluate(results_dir: str | Path, claims: Iterable[Claim] | None = None) -> pd.DataFrame:
-    """One row per claim: id, artefact, claim, paper, ours, verdict, why, stamp (of the numbers
-    the claim's Why text must have been written against)."""
+    """One row per claim: id, artefact, claim, paper, ours, regime (of the points it compared:
+    claims_evidence.regime_text), verdict, why, stamp (of the numbers the claim's Why text must
+    have been written against)."""
     r = Results(results_dir)
     rows = []
     for c in CLAIMS if claims is None else claims:
-        try:
-            f = c.evaluate(r)
-        except NO_DATA_ERRORS as exc:
-            reason = str(exc).split("\n")[0]
-            f = Finding(f"no data ({reason[:160]})", NO_DATA)
+        with compared_regimes() as seen:
+            try:
+                f = c.evaluate(r)
+            except NO_DATA_ERRORS as exc:
+                reason = str(exc).split("\n")[0]
+                f = Finding(f"no data ({reason[:160]})", NO_DATA)
         entry = claims_why.WHY.get(c.id, {}).get(f.verdict)
         stamp = stamp_of(r, why_about(c, entry))
         rows.append({"id": c.id, "artefact": c.artefact, "claim": c.statement, "paper": c.paper,
-                     "ours": f.ours, "verdict": f.verdict, "why": claims_why.why(c.id, f.verdict, stamp), "stamp": stamp})
+                     "ours": f.ours, "regime": regime_text(seen), "verdict": f.verdict,
+                     "why": claims_why.why(c.id, f.verdict, stamp), "stamp": stamp})
     table = pd.DataFrame(rows)
     table.attrs["note_stamps"] = {k: stamp_of(r, v.about or ("fig2_main",)) for k, v in claims_why.NOTES.items()
                                   if isinstance(v, Why)}
@@ -99,12 +106,12 @@ def to_markdown(table: pd.DataFrame) -> str:
     lines = [
         f"{len(table)} claims: {head}.",
         "",
-        "| ID | Claim | Paper | Ours | Verdict | Why |",
-        "|:---|:---|:---|:---|:---|:---|",
+        "| ID | Claim | Paper | Ours | Load regime | Verdict | Why |",
+        "|:---|:---|:---|:---|:---|:---|:---|",
     ]
     for _, row in table.iterrows():
         lines.append("| " + " | ".join(_cell(x) for x in (f"`{row['id']}`", row["claim"], row["paper"], row["ours"],
-                                                           f"**{row['verdict']}**", row["why"])) + " |")
+                                                           row["regime"], f"**{row['verdict']}**", row["why"])) + " |")
     used = cited_notes(" ".join(table["why"]))
     if used:
         lines += ["", "Notes cited in the Why column:", ""]

@@ -3,19 +3,29 @@
 
 `Results` is what every verdict rule (claims_rules) receives; nothing here decides a verdict
 except `versus`, the paired comparison of two systems at one point (claims_verdict.compare).
+Inside `compared_regimes()` the lookups (`value`, `seed_values`, `row_seeds`: every comparison
+goes through them) also note the load regime of each (system, point) row they read, so that the
+claims table can say which regime its numbers come from (`regime_text`).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from repro.figures.claims_verdict import HIGHER, LOWER, compare
-from repro.figures.load import SYSTEM, ResultsError
+from repro.figures.load import REGIME, SYSTEM, ResultsError
+from repro.figures.style import system_order
+from repro.metrics import REGIMES
+
+# row key -> (system, regime) of the rows read while a claim is evaluated; None outside
+_COMPARED: ContextVar[dict | None] = ContextVar("compared_rows", default=None)
 
 PER_SEED = "_per_seed"  # column of aggregated tables: {metric: {seed: value}} of the point's cells
 # What a claim whose results are missing or unusable raises (its row then says "no data").
@@ -108,7 +118,47 @@ def seed_values(g: pd.DataFrame, system: str, metric: str) -> dict[int, float]:
 
 def row_seeds(row: pd.Series, metric: str) -> dict[int, float]:
     """{seed: metric} of one aggregated row (from with_seeds; {} when not attached)."""
+    seen = _COMPARED.get()
+    if seen is not None:
+        _note(seen, row.get(PER_SEED), row.name, row.get(SYSTEM), row.get(REGIME))
     return dict(row[PER_SEED].get(metric, {})) if PER_SEED in row else {}
+
+
+def _note(seen: dict, per_seed, index, system, regime) -> None:
+    # a row's per-seed dict lives as long as its cached table: its identity names the row
+    seen[id(per_seed) if per_seed is not None else (index, system)] = (str(system or ""), regime)
+
+
+@contextmanager
+def compared_regimes() -> Iterator[dict]:
+    """Collect {row: (system, regime)} of the point rows read inside (for regime_text)."""
+    seen: dict = {}
+    token = _COMPARED.set(seen)
+    try:
+        yield seen
+    finally:
+        _COMPARED.reset(token)
+
+
+def regime_text(seen: dict) -> str:
+    """The load regime of the compared rows: "stable", or the systems per non-stable regime
+    ("backlogged (CacheAware+LRU)"), after "k of n compared points stable" when some are;
+    "n/a" when no row has a regime (theory cells, cells from before the field)."""
+    by: dict[str, list[str]] = {}
+    for system, regime in seen.values():
+        if regime in REGIMES:
+            by.setdefault(regime, []).append(system)
+    if not by:
+        return "n/a"
+    if set(by) == {"stable"}:
+        return "stable"
+    parts = []
+    for r in reversed(REGIMES):
+        if r in by and r != "stable":
+            names = system_order(s for s in by[r] if s)  # rows of tables without systems have no name
+            parts.append(f"{r} ({', '.join(names)})" if names else r)
+    head = f"{len(by['stable'])} of {len(seen)} compared points stable; " if "stable" in by else ""
+    return head + "; ".join(parts)
 
 
 
@@ -146,6 +196,10 @@ def value(g: pd.DataFrame, system: str, metric: str) -> float:
     i = np.flatnonzero(g[SYSTEM].to_numpy() == system)
     if not len(i):
         raise KeyError(f"no {system} cells")
+    seen = _COMPARED.get()
+    if seen is not None:
+        per_seed = g[PER_SEED].to_numpy()[i[0]] if PER_SEED in g else None
+        _note(seen, per_seed, g.index[i[0]], system, g[REGIME].to_numpy()[i[0]] if REGIME in g else None)
     return float(g[metric].to_numpy()[i[0]])
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from repro.metrics.summary import SUMMARY_KEYS
+from repro.metrics.summary import REGIMES, SUMMARY_KEYS, TEXT_SUMMARY_KEYS
 from repro.results.signature import NON_RESULT_KEYS
 from repro.results.store import CellStore
 
@@ -191,7 +191,7 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     if df.empty:
         return df
     for k in SUMMARY_KEYS:
-        if k in df:
+        if k in df and k not in TEXT_SUMMARY_KEYS:
             df[k] = pd.to_numeric(df[k], errors="coerce")
     df = add_overheads(df)
     df.attrs["summary_columns"] = sorted(summary_cols)
@@ -295,11 +295,21 @@ def _tuple(group) -> tuple:
     return group if isinstance(group, tuple) else (group,)
 
 
+REGIME = "regime"
+
+
+def worst_regime(values: Iterable) -> str | None:
+    """The most loaded regime among `values` (a point's seeds): a point is only as stable as its
+    worst seed. None when no value is a regime (cells from before the field existed)."""
+    known = [REGIMES.index(v) for v in values if v in REGIMES]
+    return REGIMES[max(known)] if known else None
+
+
 def aggregate(df: pd.DataFrame, keys: Sequence[str], exp: str, metrics: Sequence[str] = METRICS) -> pd.DataFrame:
     """Mean, sample SD (ddof=1; 0 for one seed), and seed count per `keys` group.
 
-    Columns: keys..., `<metric>` (mean), `<metric>_sd`, `n_seeds`, `seeds` (sorted tuple).
-    Groups keep the order of first appearance; callers sort.
+    Columns: keys..., `<metric>` (mean), `<metric>_sd`, `n_seeds`, `seeds` (sorted tuple), `regime`
+    (worst_regime over the seeds). Groups keep the order of first appearance; callers sort.
     """
     keys = list(keys)
     require(df, exp, keys + list(metrics))
@@ -313,5 +323,6 @@ def aggregate(df: pd.DataFrame, keys: Sequence[str], exp: str, metrics: Sequence
             row[f"{m}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         row["n_seeds"] = len(g)
         row["seeds"] = tuple(sorted(int(s) for s in g[SEED])) if SEED in g else ()
+        row[REGIME] = worst_regime(g[REGIME]) if REGIME in g else None
         rows.append(row)
     return pd.DataFrame(rows)

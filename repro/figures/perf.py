@@ -35,8 +35,9 @@ import pandas as pd
 
 from repro.figures import captions
 from repro.figures.load import METRICS, SYSTEM, aggregate, load_cells, require
-from repro.figures.style import (LOG_METRICS, METRIC_LABELS, PAPER_SYSTEMS, add_caption, apply_style, save_figure,
-                                 system_colors, system_order, write_text)
+from repro.figures.style import (LOG_METRICS, METRIC_LABELS, PAPER_SYSTEMS, REGIME_NOTE, add_caption, apply_style,
+                                 mark_regimes, regime_legend_handles, save_figure, system_colors, system_order,
+                                 write_text)
 
 PERCENT_METRICS = ("hit_rate",)
 # Facet rows in the paper's order where it has one; anything else sorts after, by name.
@@ -197,6 +198,8 @@ class PerfFigure:
                      f"more than {LOG_SPAN:g}x, else linear" + (" from 0." if self.kind == "bars" else
                      "; bands are ± SD over seeds where there are several; points of neighbouring systems are "
                      "shifted slightly sideways so that equal values stay visible (ticks mark the true x)."))
+        if self.kind == "sweep":
+            parts.append(REGIME_NOTE)
         return " ".join(parts)
 
     # -- drawing ------------------------------------------------------------------------
@@ -246,11 +249,13 @@ class PerfFigure:
                    **({"ls": ":", "lw": 1.2} if s in reference else line_style(s, systems)))
             for s in systems
         ]
+        if self.kind == "sweep":
+            handles += regime_legend_handles(agg["regime"])
         height = fig.get_figheight()
         top = 1 - 0.62 / height  # fixed 0.62 in above the panels for the title and the legend
         fig.tight_layout(rect=(0, 0, 1, top))
         fig.suptitle(counted(self.title, systems), y=1 - 0.08 / height, fontsize=9)
-        fig.legend(handles=handles, loc="upper center", ncol=min(len(systems), 6), frameon=False,
+        fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 8), frameon=False,
                    bbox_to_anchor=(0.5, 1 - 0.26 / height))
         caption = self.caption(df)
         add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
@@ -293,6 +298,7 @@ class PerfFigure:
             y = metric_values(metric, line[metric])
             sd = metric_values(metric, line[f"{metric}_sd"])
             ax.plot(x, y, color=colors[s], clip_on=False, zorder=3, **line_style(s, systems))
+            mark_regimes(ax, x, y, line["regime"].tolist())
             if (line["n_seeds"] > 1).any():
                 lo = np.maximum(y - sd, y * 1e-3) if log_y else y - sd
                 ax.fill_between(x, lo, y + sd, color=colors[s], alpha=0.18, lw=0)

@@ -8,7 +8,9 @@ claim against today's router (smg 1.13.0's cache-aware rule, router cache_aware_
 centred at 1 (blue: the paper's direction, red: the opposite). A cell whose per-seed
 difference does not exceed 2 standard errors over seeds (the claims table's rule,
 repro.figures.claims.paired) is a tie: its number is printed in grey italics with "≈".
-With one seed every difference counts (no noise estimate).
+With one seed every difference counts (no noise estimate). A cell where either compared system is
+backlogged or overloaded (summary.json `regime`, worst over seeds) carries that regime's mark in
+its upper right corner (repro.figures.style.REGIME_MARKS).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from repro.figures import captions
-from repro.figures.load import SEED, SYSTEM, load_cells, require
-from repro.figures.style import add_caption, apply_style, save_figure, write_text
+from repro.figures.load import REGIME, SEED, SYSTEM, load_cells, require, worst_regime
+from repro.figures.style import (REGIME_NOTE, add_caption, apply_style, mark_regimes, regime_legend_handles,
+                                 save_figure, write_text)
 
 NAME = EXP = "regime_map"
 TITLE = ("Regime map: where LBGR+RLT beats Cache-Aware+LRU (sglang-router 0.3.2 and smg 1.13), and RLT beats LRU, "
@@ -62,9 +65,13 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
             d = np.array([a[s] - b[s] for s in common]) * sign  # > 0: the paper's direction
             outcome = paired(d)
             ratio = float(a.mean() / b.mean()) if b.mean() > 0 else np.nan
+            regimes = [worst_regime(g.loc[(g[SYSTEM] == sys) & g[SEED].isin(common), REGIME]) if REGIME in g else None
+                       for sys in (num, den)]
             rows.append({"panel": title, "metric": metric, "numerator": num, "denominator": den, RATE: rate,
                          BUDGET: int(budget), "ratio": ratio, "tie": outcome == TIE,
-                         "paper_direction": outcome > 0, "n_seeds": len(common)})
+                         "paper_direction": outcome > 0, "n_seeds": len(common),
+                         "regime_numerator": regimes[0], "regime_denominator": regimes[1],
+                         REGIME: worst_regime(regimes)})
     return pd.DataFrame(rows)
 
 
@@ -89,9 +96,10 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
         budgets = sorted(p[BUDGET].unique())
         grid = np.full((len(budgets), len(rates)), np.nan)
         tie = np.zeros_like(grid, dtype=bool)
+        regime = [[None] * len(rates) for _ in budgets]
         for _, row in p.iterrows():
             i, j = budgets.index(row[BUDGET]), rates.index(row[RATE])
-            grid[i, j], tie[i, j] = row["ratio"], row["tie"]
+            grid[i, j], tie[i, j], regime[i][j] = row["ratio"], row["tie"], row[REGIME]
         finite = grid[np.isfinite(grid) & (grid > 0)]
         span = float(np.max(np.abs(np.log(finite)))) if len(finite) else 0.1
         span = max(span, np.log(1.05))
@@ -108,6 +116,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
                 ax.text(j, i, ("≈" if tie[i, j] else "") + f"{v:.2f}", ha="center", va="center", fontsize=6.5,
                         color="0.45" if tie[i, j] else ("white" if strong else "black"),
                         style="italic" if tie[i, j] else "normal")
+                mark_regimes(ax, [j + 0.36], [i + 0.3], [regime[i][j]])
         ax.set_xticks(range(len(rates)))
         ax.set_xticklabels([f"{x:g}" for x in rates])
         ax.set_yticks(range(len(budgets)))
@@ -123,6 +132,9 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
         cb.ax.yaxis.set_minor_formatter(NullFormatter())
         cb.ax.tick_params(labelsize=6)
     fig.suptitle(TITLE, fontsize=9)
+    marks = regime_legend_handles(r[REGIME])
+    if marks:
+        fig.legend(handles=marks, loc="upper right", ncol=len(marks), frameon=False, bbox_to_anchor=(1.0, 0.99))
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     caption = caption_text(df, r)
     add_caption(fig, caption, width_chars=int(5.2 * len(PANELS) * 17))
@@ -147,4 +159,5 @@ def caption_text(df: pd.DataFrame, r: pd.DataFrame) -> str:
     parts.append(f"Where {PANELS[0][1]} trails {PANELS[0][2]} and why (its predictions against each request's "
                  f"realised queue wait, prefill and decode): {WHY_COMMAND} (results_analysis/lbgr_highload/table.md; "
                  "claims note [lbgr-load]).")
+    parts.append(REGIME_NOTE.replace("point", "cell (either system of the ratio)", 1))
     return " ".join(parts)

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from repro.fileio import write_atomic  # noqa: E402
+from repro.metrics.summary import BACKLOG_UTIL, BACKLOG_WAIT_SHARE, OVERLOAD_GROWTH_SHARE  # noqa: E402
 
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
@@ -48,6 +49,43 @@ METRIC_LABELS = {
 }
 # Time metrics span orders of magnitude between systems (the paper reports 10-40x): log axes.
 LOG_METRICS = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s")
+
+
+# How a point of a load sweep shows its load regime (summary.json `regime`, ALGORITHMS.md §5), drawn
+# over the system's own marker: a dark ring = backlogged, a dark × = overloaded; stable: nothing.
+REGIME_MARKS = {
+    "backlogged": {"marker": "o", "ms": 8.5, "mfc": "none", "mec": "0.15", "mew": 0.8},
+    "overloaded": {"marker": "x", "ms": 7.0, "mec": "0.0", "mew": 1.3},
+}
+
+
+def mark_regimes(ax, x, y, regimes) -> None:
+    """Overlay REGIME_MARKS on the points (x, y) whose regime is not stable (with a white halo, so
+    that a mark stays visible on a dark heatmap cell)."""
+    from matplotlib.patheffects import Normal, Stroke
+
+    halo = [Stroke(linewidth=2.6, foreground="white"), Normal()]
+    for kind, mark in REGIME_MARKS.items():
+        sel = [i for i, r in enumerate(regimes) if r == kind]
+        if sel:
+            ax.plot([x[i] for i in sel], [y[i] for i in sel], ls="none", zorder=4, clip_on=False, path_effects=halo,
+                    **mark)
+
+
+def regime_legend_handles(regimes) -> list:
+    """Legend entries for the marks that `regimes` use (none when every point is stable)."""
+    from matplotlib.lines import Line2D
+
+    present = set(regimes)
+    return [Line2D([0], [0], ls="none", label=kind, **mark) for kind, mark in REGIME_MARKS.items() if kind in present]
+
+
+REGIME_NOTE = (
+    "A dark ring marks a backlogged point, a dark × an overloaded one (its worst seed; summary.json `regime`: "
+    f"overloaded = the backlog grows by >= {OVERLOAD_GROWTH_SHARE:.0%} of the arrival rate, backlogged = median "
+    f"queue wait >= {BACKLOG_WAIT_SHARE:.0%} of the latency or a worker busy >= {BACKLOG_UTIL:.0%} of the "
+    "time; docs/ALGORITHMS.md §5)."
+)
 
 
 def apply_style() -> None:

@@ -31,6 +31,7 @@ TABLE_METRICS = (
     "ttft_p95_s",
     "throughput_rps",
     "num_failed",
+    "regime",  # where the numbers come from (ALGORITHMS.md §5)
 )
 THEORY_METRICS = ("misses_per_phase", "ci95_low", "ci95_high", "lru_bound", "harmonic", "opt_bound")
 

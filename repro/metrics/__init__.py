@@ -5,6 +5,6 @@ matplotlib.
 """
 
 from repro.metrics.records import RECORD_COLUMNS
-from repro.metrics.summary import SUMMARY_KEYS, summarize
+from repro.metrics.summary import REGIMES, SUMMARY_KEYS, TEXT_SUMMARY_KEYS, WORKER_BUSY_KEY, summarize
 
-__all__ = ["RECORD_COLUMNS", "SUMMARY_KEYS", "summarize"]
+__all__ = ["RECORD_COLUMNS", "REGIMES", "SUMMARY_KEYS", "TEXT_SUMMARY_KEYS", "WORKER_BUSY_KEY", "summarize"]

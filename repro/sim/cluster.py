@@ -211,13 +211,20 @@ class SimCluster:
         """One row per request, RECORD_COLUMNS, in arrival order."""
         t = self.table
         reqs = t.requests
+        arrival = np.array(t.arrival_s, dtype=np.float64)
+        prefill_start = np.array(t.prefill_start_s, dtype=np.float64)
+        first = np.array(t.first_token_s, dtype=np.float64)
+        finish = np.array(t.finish_s, dtype=np.float64)
         df = pd.DataFrame(
             {
                 "id": np.array([r.id for r in reqs], dtype=np.int64),
                 "worker": np.array(t.worker, dtype=np.int64),
-                "arrival_s": np.array(t.arrival_s, dtype=np.float64),
-                "first_token_s": np.array(t.first_token_s, dtype=np.float64),
-                "finish_s": np.array(t.finish_s, dtype=np.float64),
+                "arrival_s": arrival,
+                "first_token_s": first,
+                "finish_s": finish,
+                "queue_wait_s": prefill_start - arrival,
+                "prefill_s": first - prefill_start,
+                "decode_s": finish - first,
                 "prompt_tokens": np.array(t.prompt_len, dtype=np.int64),
                 "cached_tokens": np.array(t.cached_tokens, dtype=np.int64),
                 "output_tokens": np.array(t.output_len, dtype=np.int64),

@@ -22,7 +22,7 @@ def _int32_key(tokens) -> bytes:
 class RequestTable:
     """Per-request state of one simulation, in flat lists indexed by arrival position.
 
-    Workers write the record fields (worker, first_token_s, finish_s, cached_tokens) in place,
+    Workers write the record fields (worker, prefill_start_s, first_token_s, finish_s, cached_tokens) in place,
     so that building the records at the end is one conversion, not a loop over objects.
     A prompt's key (`prompt_key[i]`, the radix tree's format) exists only while the request is
     in flight: the cluster builds it once when the request arrives (`key`; routers get the same
@@ -40,6 +40,7 @@ class RequestTable:
         "prompt_tokens",
         "prompt_key",
         "worker",
+        "prefill_start_s",
         "first_token_s",
         "finish_s",
         "cached_tokens",
@@ -63,6 +64,7 @@ class RequestTable:
         self.output_len = [int(r.output_len) for r in self.requests]
         nan = float("nan")
         self.worker = [-1] * n
+        self.prefill_start_s = [nan] * n  # start of the step that admitted it (its first prefill step)
         self.first_token_s = [nan] * n
         self.finish_s = [nan] * n
         self.cached_tokens = [0] * n

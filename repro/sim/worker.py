@@ -206,6 +206,10 @@ class SimWorker:
             prefill = self.prefill_adder.form_prefill_batch()
         if prefill is not None and prefill[0]:
             batch, admitted, tokens, attn = prefill
+            if admitted:  # their queue wait ends and their prefill starts with this step
+                start = self.table.prefill_start_s
+                for i in admitted:
+                    start[i] = now
             self._batch = batch
             self.prefill_steps += 1
             decode_batch = context = 0

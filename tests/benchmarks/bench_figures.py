@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BEYOND = ["fig2_router_rules", "regime_map", "mooncake_replay"]
+BEYOND = ["fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay"]
 
 
 def artefacts() -> list[str]:

@@ -85,6 +85,10 @@ def grid(exp: str, small: bool = False) -> list[dict]:
             for kv in sweep((8192, 32768, 262144)):
                 add(["CacheAware+LRU", "CacheAware+RLT", "LBGR+RLT", "CacheAware(smg)+LRU"], seeds=(0, 1),
                     request_rate=r, kv_cache_tokens=kv)
+    elif exp == "load_ladder":
+        for wl in workloads[:2]:
+            for r in sweep((4.0, 16.0, 32.0, 64.0)):
+                add(six, workload=wl, request_rate=r)
     elif exp == "fig4_order":
         add(six, workload="loogle", order="round_robin")
     elif exp == "fig5_request_rate":
@@ -128,7 +132,7 @@ PERF_EXPS = (
     "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
     "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
     "tab3_single_worker", "fig14_decay_interval", "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",
-    "fig2_router_rules", "regime_map", "mooncake_replay",
+    "fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay",
 )
 
 
@@ -205,6 +209,8 @@ def metrics(c: dict) -> dict:
         "throughput_tok_s": thr * 2000,
         "ttft_p50_s": lat50 * 0.8,
         "ttft_p95_s": lat50 * 3.5,
+        # the load regime of the toy model: past its capacity overloaded, within 10 % of it backlogged
+        "regime": "overloaded" if capacity < rate else ("backlogged" if rate >= 0.9 * capacity else "stable"),
     }
 
 

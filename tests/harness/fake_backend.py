@@ -47,6 +47,9 @@ def run_cell(cfg: DictConfig, progress: Callable[[float], None] | None = None) -
             "arrival_s": arrival,
             "first_token_s": first,
             "finish_s": finish,
+            "queue_wait_s": np.full(n, np.nan),  # like a live backend: no queue times
+            "prefill_s": np.full(n, np.nan),
+            "decode_s": finish - first,
             "prompt_tokens": prompt.astype(np.int64),
             "cached_tokens": cached,
             "output_tokens": out_tokens.astype(np.int64),

@@ -69,7 +69,7 @@ def test_paper_experiments_use_the_shared_pieces():
     # their own trace / backend / a shrunk workload on real CPU servers
     assert users == set(EXPS) - {"mooncake_replay", "thm_competitive_ratio", "live_cpu_gsp"}
     six = {e for e in EXPS if "shared/six_systems" in _exp(e).get("defaults", [])}
-    assert len(six) == 12
+    assert len(six) == 13  # the 12 paper figures with the six systems + load_ladder
 
 
 def test_six_systems_fill_the_sweep_in_place():

@@ -27,7 +27,7 @@ def test_every_paper_experiment_has_a_file():
             "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
             "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio",
             "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",  # the appendix figures, our reading
-            "fig2_router_rules", "regime_map", *BEYOND, *LIVE,  # beyond the paper
+            "fig2_router_rules", "regime_map", "load_ladder", *BEYOND, *LIVE,  # beyond the paper
         ]
     )
 
@@ -149,6 +149,9 @@ def test_grid_shapes(grids):
     assert (smg.router.generation, smg.router.name, smg.policy_name) == ("smg_1_13", "cache_aware_smg", "CacheAware(smg)+LRU")
     assert swept(rm, "workload.request_rate", float) == [4.0, 8.0, 16.0, 24.0, 32.0]
     assert swept(rm, "cluster.kv_cache_tokens", int) == [8192, 16384, 32768, 65536, 131072, 262144]
+    ladder = g["load_ladder"]
+    assert len(ladder) == 108 and policies(ladder) == SIX and swept(ladder, "workload") == ["gsp", "sharegpt"]
+    assert swept(ladder, "workload.request_rate", float) == [4.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 64.0, 96.0]
     assert set(values(g["fig4_order"], "workload.name")) == {"loogle"} and policies(g["fig4_order"]) == SIX
     assert swept(g["fig5_request_rate"], "workload.request_rate", float) == [4.0, 8.0, 12.0, 16.0, 20.0]
     assert swept(g["fig6_workers"], "cluster.num_workers", int) == [2, 4, 6, 8, 10]

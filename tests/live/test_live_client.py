@@ -38,7 +38,8 @@ def test_records_have_the_simulators_columns_and_dtypes():
                                                 send_reference_output=True)
     assert list(records.columns) == list(RECORD_COLUMNS)
     expected = {"id": "int64", "worker": "int64", "arrival_s": "float64", "first_token_s": "float64",
-                "finish_s": "float64", "prompt_tokens": "int64", "cached_tokens": "int64",
+                "finish_s": "float64", "queue_wait_s": "float64", "prefill_s": "float64", "decode_s": "float64",
+                "prompt_tokens": "int64", "cached_tokens": "int64",
                 "output_tokens": "int64", "group": "int64", "failed": "bool"}
     assert {c: str(records[c].dtype) for c in records.columns} == expected
     assert records["id"].tolist() == [r.id for r in reqs]
@@ -47,6 +48,9 @@ def test_records_have_the_simulators_columns_and_dtypes():
     assert (records["prompt_tokens"] == 30).all() and not records["failed"].any()
     assert (records["arrival_s"] <= records["first_token_s"]).all()
     assert (records["first_token_s"] <= records["finish_s"]).all()
+    # the client cannot see the queue's end: no queue wait / prefill split, decode = finish - first token
+    assert records["queue_wait_s"].isna().all() and records["prefill_s"].isna().all()
+    assert (records["decode_s"] == records["finish_s"] - records["first_token_s"]).all()
     # what went over the wire: exact ids, output length, reference reply, text
     by_rid = {b["rid"]: b for b in bodies}
     for r in reqs:
@@ -55,6 +59,20 @@ def test_records_have_the_simulators_columns_and_dtypes():
         assert b["sampling_params"]["max_new_tokens"] == r.output_len and b["sampling_params"]["ignore_eos"]
         assert b["custom_labels"]["repro_output_ids"] == ",".join(map(str, r.generated_tokens.tolist()))
     assert report["num_failed"] == 0 and report["time_scale"] == 2.0
+
+
+def test_a_servers_queue_time_splits_the_ttft():
+    """SGLang with --enable-metrics puts meta_info.queue_time (seconds) on the final event."""
+    def with_queue_time(body):
+        events = sglang_events(body)
+        events[-2]["meta_info"]["queue_time"] = 0.004
+        return events
+
+    reqs = make_requests(4, prompt_len=20, output_len=2, rate=100.0)
+    (records, _), _ = _replay_against(with_queue_time, reqs, time_scale=2.0)
+    assert (records["queue_wait_s"] == 0.008).all()  # x time_scale, like every time of the record
+    ttft = records["first_token_s"] - records["arrival_s"]
+    assert np.allclose(records["queue_wait_s"] + records["prefill_s"], ttft, rtol=0, atol=1e-12)
 
 
 def test_open_loop_sends_at_the_arrival_times_never_early():

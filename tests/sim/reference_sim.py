@@ -33,6 +33,7 @@ class _Req:
     prefilled: int = 0
     generated: int = 0
     node: object = None
+    prefill_start: float = math.nan  # start of the first step that prefills it
     first: float = math.nan
     finish: float = math.nan
 
@@ -259,6 +260,9 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
     def start(w, now, seq):
         batch = form_batch(w)
         if batch:
+            for i, _ in batch:
+                if math.isnan(R[i].prefill_start):
+                    R[i].prefill_start = now
             tokens = sum(n for _, n in batch)
             attn = 0.0
             for i, n in batch:
@@ -345,5 +349,8 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
         "worker": [q.worker for q in R],
         "first_token_s": [q.first for q in R],
         "finish_s": [q.finish for q in R],
+        "queue_wait_s": [q.prefill_start - q.req.arrival_s for q in R],
+        "prefill_s": [q.first - q.prefill_start for q in R],
+        "decode_s": [q.finish - q.first for q in R],
         "cached_tokens": [q.hit for q in R],
     }

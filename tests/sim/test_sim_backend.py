@@ -17,7 +17,7 @@ import repro.costmodel
 import repro.kvcache
 import repro.workloads
 from repro.backends.base import CellResult
-from repro.metrics import RECORD_COLUMNS
+from repro.metrics import RECORD_COLUMNS, REGIMES, WORKER_BUSY_KEY, summarize
 from repro.backends.sim import run_cell
 from repro.backends.assembly import SeedPlan
 from tests.sim.sim_fakes import FixedCostModel, TrieCache, gsp_requests
@@ -97,6 +97,10 @@ def test_run_cell_returns_records_provenance_and_timings(fake_parts):
     assert {"repro", "python", "numpy"} <= set(p["versions"])
     assert res.timings["routing"]["decisions"] == 24
     assert seen[-1] == 1.0 and seen == sorted(seen)
+    # busy seconds per worker for the summary's utilisation, within the makespan
+    s = summarize(res.records, p)
+    assert len(p[WORKER_BUSY_KEY]) == 3 and "busy_s" not in p["sim"]
+    assert 0 < s["util_mean"] <= s["util_max"] <= 1 and s["regime"] in REGIMES
 
 
 def test_run_cell_is_deterministic_and_seed_sensitive(fake_parts):

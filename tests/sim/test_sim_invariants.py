@@ -165,6 +165,11 @@ def test_invariants_on_random_cells(cell):
     # arrival <= first token <= finish; hit <= prompt
     assert (rec["arrival_s"] <= rec["first_token_s"]).all()
     assert (rec["first_token_s"] <= rec["finish_s"]).all()
+    # latency taken apart: every part >= 0, a prefill step takes time, the parts add up
+    parts = rec[["queue_wait_s", "prefill_s", "decode_s"]]
+    assert not parts.isna().any().any() and (parts >= 0).all().all() and (rec["prefill_s"] > 0).all()
+    latency = (rec["finish_s"] - rec["arrival_s"]).to_numpy()
+    assert np.allclose(parts.sum(axis=1).to_numpy(), latency, rtol=1e-12, atol=1e-12)
     assert ((rec["cached_tokens"] >= 0) & (rec["cached_tokens"] <= rec["prompt_tokens"])).all()
     assert rec["worker"].between(0, len(caps) - 1).all()
 

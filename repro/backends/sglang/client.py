@@ -20,6 +20,11 @@ Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need n
   the send behind the scheduled arrival is reported separately (`report["send_lag_s"]`).
 - prompt_tokens / output_tokens / cached_tokens: the server's meta_info (prompt_tokens,
   completion_tokens, cached_tokens) of the final event.
+- decode_s = finish_s - first_token_s. The client cannot see when a request leaves its worker's
+  queue: queue_wait_s and prefill_s are NaN, unless the server reports meta_info.queue_time
+  (SGLang with --enable-metrics; neither our launch nor the emulated worker sends it): then
+  queue_wait_s = that x time_scale and prefill_s = the rest of the TTFT (which then also holds
+  the router / tokenizer hop before the scheduler's queue).
 - worker: the reply's `X-Repro-Worker` header (set by our router service and by the emulated
   worker; the real sglang-router passes the worker's header through), -1 when absent (real
   SGLang servers behind the real router).
@@ -75,6 +80,7 @@ class _Row:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    queue_wait_s: float = math.nan
     failed: bool = True
     error_kind: str | None = None
     error: str | None = None
@@ -148,6 +154,7 @@ async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _
     row.first_token_s = (first - t0) * scale
     row.finish_s = (finish - t0) * scale
     row.prompt_tokens = int(tracker.prompt_tokens if tracker.prompt_tokens is not None else row.prompt_tokens)
+    row.queue_wait_s = tracker.queue_time_s * scale
     row.cached_tokens = int(tracker.cached_tokens)
     row.output_tokens = int(tracker.completion_tokens)
     row.failed = False
@@ -263,13 +270,20 @@ async def replay(
 def records_frame(requests: Sequence[Any], rows: Sequence[_Row]) -> pd.DataFrame:
     """One row per request in workload order, RECORD_COLUMNS, the simulator's dtypes."""
     nan = math.nan
+    arrival = np.array([row.arrival_s for row in rows], dtype=np.float64)
+    first = np.array([nan if row.failed else row.first_token_s for row in rows], dtype=np.float64)
+    finish = np.array([nan if row.failed else row.finish_s for row in rows], dtype=np.float64)
+    queue_wait = np.array([nan if row.failed else row.queue_wait_s for row in rows], dtype=np.float64)
     df = pd.DataFrame(
         {
             "id": np.array([r.id for r in requests], dtype=np.int64),
             "worker": np.array([row.worker for row in rows], dtype=np.int64),
-            "arrival_s": np.array([row.arrival_s for row in rows], dtype=np.float64),
-            "first_token_s": np.array([nan if row.failed else row.first_token_s for row in rows], dtype=np.float64),
-            "finish_s": np.array([nan if row.failed else row.finish_s for row in rows], dtype=np.float64),
+            "arrival_s": arrival,
+            "first_token_s": first,
+            "finish_s": finish,
+            "queue_wait_s": queue_wait,
+            "prefill_s": first - arrival - queue_wait,  # NaN where the queue wait is unknown
+            "decode_s": finish - first,
             "prompt_tokens": np.array([row.prompt_tokens for row in rows], dtype=np.int64),
             "cached_tokens": np.array([0 if row.failed else row.cached_tokens for row in rows], dtype=np.int64),
             "output_tokens": np.array([0 if row.failed else row.output_tokens for row in rows], dtype=np.int64),

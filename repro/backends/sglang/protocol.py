@@ -17,7 +17,9 @@ Facts taken from sglang 0.5.23 (`srt/entrypoints/http_server.py`, `srt/managers/
   delta — `OutputTracker` handles both.
 - `meta_info`: `id`, `finish_reason` (null until the last event, then e.g.
   `{"type": "length", "length": N}`), `prompt_tokens`, `completion_tokens`, `cached_tokens`
-  (prefix tokens served from the radix cache), plus fields we do not read.
+  (prefix tokens served from the radix cache), `queue_time` (only with the server's
+  `--enable-metrics`, on the final event: seconds from its scheduler's wait queue to its first
+  forward), plus fields we do not read.
 - Errors: HTTP 4xx/5xx with `{"error": {"message": ...}}`, or, inside a stream, an event
   `data: {"error": {"message", "type", "code", ...}}` followed by `[DONE]`.
 
@@ -253,6 +255,9 @@ class OutputTracker:
     finish_reason: Any = None
     finished: bool = False
     events: int = 0
+    # SGLang's scheduler queue time (meta_info.queue_time, seconds in its wait queue until its first
+    # forward): sent only by servers started with --enable-metrics, else NaN
+    queue_time_s: float = math.nan
 
     def add(self, obj: Any) -> int:
         """Fold one event (a parsed JSON value); returns the number of new output tokens."""
@@ -286,6 +291,9 @@ class OutputTracker:
         self.completion_tokens = completion
         self.prompt_tokens = prompt
         self.cached_tokens = cached
+        q = meta.get("queue_time")
+        if isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and q >= 0:
+            self.queue_time_s = float(q)
         fr = meta.get("finish_reason")
         if fr is not None:
             self.finish_reason = fr

@@ -51,6 +51,7 @@ def _growing_table():
             self.output_len.append(int(request.output_len))
             for name, value in (
                 ("worker", -1),
+                ("prefill_start_s", math.nan),
                 ("first_token_s", math.nan),
                 ("finish_s", math.nan),
                 ("cached_tokens", 0),

@@ -60,13 +60,18 @@ def fake_records(cfg: DictConfig) -> pd.DataFrame:
     arrival = np.cumsum(rng.exponential(1.0 / cfg.toy.rate_rps, n))
     ttft = rng.gamma(2.0, 0.05, n)
     prompt = rng.integers(100, 2000, n)
+    worker = rng.integers(0, cfg.cluster.num_workers, n).astype(np.int64)
+    decode = rng.gamma(2.0, 0.01, n)
     return pd.DataFrame(
         {
             "id": np.arange(n, dtype=np.int64),
-            "worker": rng.integers(0, cfg.cluster.num_workers, n).astype(np.int64),
+            "worker": worker,
             "arrival_s": arrival,
             "first_token_s": arrival + ttft,
-            "finish_s": arrival + ttft + rng.gamma(2.0, 0.01, n),
+            "finish_s": arrival + ttft + decode,
+            "queue_wait_s": np.full(n, np.nan),
+            "prefill_s": np.full(n, np.nan),
+            "decode_s": decode,
             "prompt_tokens": prompt.astype(np.int64),
             "cached_tokens": (prompt * rng.uniform(0, 1, n)).astype(np.int64),
             "output_tokens": np.full(n, 4, dtype=np.int64),
