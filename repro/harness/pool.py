@@ -4,9 +4,11 @@ Not concurrent.futures: its workers keep running queued tasks after Ctrl-C, outl
 parent, and one dead worker breaks the whole pool. Here
 - the parent hands each worker (spawn start method) one cell at a time over a pipe, so nothing
   is queued inside a worker;
-- a worker exits when its parent dies: PR_SET_PDEATHSIG (Linux) and a watchdog thread that
-  compares getppid() (elsewhere) both raise Stopped in it, which removes its cell's partial
-  files and releases the cell's lock;
+- a worker exits when its parent dies, from its first instruction: its command line arms
+  PR_SET_PDEATHSIG (Linux) before spawn imports anything, then checks that the parent did not
+  die before that (repro.harness.boot; while it imports, SIGTERM just ends it); once it runs,
+  PR_SET_PDEATHSIG and a watchdog thread that compares getppid() (elsewhere) both raise Stopped
+  in it, which removes its cell's partial files and releases the cell's lock;
 - Ctrl-C / SIGTERM of the parent: nothing more is handed out, the workers get SIGTERM (they
   ignore SIGINT, which the terminal sends to the whole group, from birth: they start with
   it blocked), are joined for up to STOP_GRACE_S, then killed; the parent re-raises, so the
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from repro.harness.boot import BootProcess
 from repro.harness.cell import (CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped,
                                 run_cell_spec)
 from repro.results import CellStore
@@ -157,7 +160,7 @@ def _exit_without_teardown() -> None:
 class _Worker:
     def __init__(self, ctx, tracking_event):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), tracking_event), daemon=True)
+        self.proc = BootProcess(target=_worker_main, args=(child, os.getpid(), tracking_event), daemon=True)
         # born with SIGINT blocked (the mask survives fork and exec): a Ctrl-C to the group while
         # the worker still imports must not kill it half-started; the parent gets its own
         # Ctrl-C as soon as the mask is restored

@@ -155,8 +155,12 @@ def _assert_live_hit_rate_matches_sim(overrides, tmp_path, live_runs: int = 3, s
 
     lives = []
     for k in range(live_runs):
-        res = summarize(backend.run_cell(_compose(overrides + [f"results_dir={tmp_path / str(k)}"])).records)
+        cell = backend.run_cell(_compose(overrides + [f"results_dir={tmp_path / str(k)}"]))
+        res = summarize(cell.records)
         assert res["num_failed"] == 0, res
+        # alive workers: stall exclusion never overrides the router here (router_service/stall.py)
+        stalls = json.loads((Path(cell.timings["log_dir"]) / "router_stats.json").read_text())["stall"]
+        assert stalls == {"exclusions": 0, "diverted": 0}, stalls
         lives.append(res)
     cfg = _compose(overrides)
     exact = summarize(sim_backend.run_cell(cfg).records)

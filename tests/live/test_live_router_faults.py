@@ -33,7 +33,7 @@ def _parts():
     need_parts()
 
 
-def _service(router, urls, **kw):
+def service(router, urls, **kw):
     from repro.backends.sglang.router_service import RouterService, RouterServiceConfig
 
     kw.setdefault("startup_health_timeout_s", 5.0)
@@ -42,7 +42,7 @@ def _service(router, urls, **kw):
     return RouterService(router, RouterServiceConfig(worker_urls=urls, **kw))
 
 
-async def _stream(session, url, body):
+async def stream(session, url, body):
     """(status, error message or None, seconds) of one streamed request read to its end."""
     t0 = time.monotonic()
     async with session.post(url + "/generate", json=body) as r:
@@ -62,13 +62,15 @@ async def _stream(session, url, body):
 
 
 # ---------------------------------------------------------------------------- frozen worker
-def _start_workers(tmp_path, n, time_scale):
+def start_workers(tmp_path, n, time_scale):
+    """n emulated worker processes; time_scale: one for all, or a list (one per worker)."""
     from repro.backends.sglang.orchestrate import ManagedProcess, ProcessSpec, emulated_worker_command, free_ports
 
     procs, urls = [], []
+    scales = time_scale if isinstance(time_scale, list) else [time_scale] * n
     for i, port in enumerate(free_ports(n)):
         cfg_path = tmp_path / f"worker{i}.json"
-        cfg = dataclasses.asdict(emulator_config(worker_id=i, seed=i, capacity=200_000, time_scale=time_scale))
+        cfg = dataclasses.asdict(emulator_config(worker_id=i, seed=i, capacity=200_000, time_scale=scales[i]))
         cfg_path.write_text(json.dumps(cfg))
         url = f"http://127.0.0.1:{port}"
         p = ManagedProcess(ProcessSpec(f"worker{i}", emulated_worker_command(sys.executable, "127.0.0.1", port,
@@ -81,30 +83,42 @@ def _start_workers(tmp_path, n, time_scale):
 
 
 def frozen_worker_run(tmp_path, interval_s=0.2, timeout_s=1.0, threshold=2, request_timeout_s=30.0, n=60,
-                      output_len=64, freeze_at_s=0.6, time_scale=2.0):
+                      output_len=64, freeze_at_s=0.6, time_scale=2.0, **service_kw):
     """Three emulated worker processes behind the service; worker 1 gets SIGSTOP freeze_at_s after
-    the first of n streamed requests (one every 30 ms). Returns the measurements (see the printout)."""
+    the first of n streamed requests (one every 30 ms). Returns the measurements (see the printout);
+    `sent_to_frozen`: (seconds after the freeze, latency) of each request dispatched to worker 1
+    after it froze."""
     from repro.backends.sglang.orchestrate import wait_healthy
 
-    procs, urls = _start_workers(tmp_path, 3, time_scale=time_scale)
+    procs, urls = start_workers(tmp_path, 3, time_scale=time_scale)
     frozen = procs[1].proc.pid
     try:
         wait_healthy(procs, 60)
         redispatch: list[tuple[float, int]] = []
+        to_frozen: dict[int, float] = {}  # flight key -> when it was dispatched to worker 1
+        ended: dict[int, float] = {}  # flight key -> latency
 
         async def main():
-            svc = _service(RecordingRouter(), urls, request_timeout_s=request_timeout_s,
+            svc = service(RecordingRouter(), urls, request_timeout_s=request_timeout_s,
                            health_check_interval_s=interval_s, health_check_timeout_s=timeout_s,
-                           health_failure_threshold=threshold)
+                           health_failure_threshold=threshold, **service_kw)
             port = await svc.start()
-            orig = svc._on_dispatch
+            orig, orig_serve = svc._on_dispatch, svc._serve
 
             def on_dispatch(f, w):  # record when each retry starts, after its first attempt failed
                 if f.attempts:
                     redispatch.append((time.monotonic(), w.worker_id))
+                if w.worker_id == 1:
+                    to_frozen.setdefault(f.key, time.monotonic())
                 orig(f, w)
 
-            svc._on_dispatch = on_dispatch
+            async def serve(f, request):
+                try:
+                    return await orig_serve(f, request)
+                finally:
+                    ended[f.key] = time.monotonic() - f.recv_wall
+
+            svc._on_dispatch, svc._serve = on_dispatch, serve
             url = f"http://127.0.0.1:{port}"
             try:
                 async with aiohttp.ClientSession() as s:
@@ -113,26 +127,31 @@ def frozen_worker_run(tmp_path, interval_s=0.2, timeout_s=1.0, threshold=2, requ
                     async def one(i):
                         await asyncio.sleep(i * 0.03)
                         body = protocol.generate_body(rng.integers(0, 30_000, 200), output_len)
-                        return await _stream(s, url, body)
+                        return await stream(s, url, body)
 
                     tasks = [asyncio.create_task(one(i)) for i in range(n)]
                     await asyncio.sleep(freeze_at_s)
                     os.kill(frozen, signal.SIGSTOP)
                     t_freeze = time.monotonic()
                     results = await asyncio.gather(*tasks)
-                return results, t_freeze, svc.workers[1].down_at, svc.stats()
+                return results, t_freeze, svc.workers[1].down_at, svc.workers[1].stall.first_excluded_at, svc.stats()
             finally:
                 await svc.stop()
 
-        results, t_freeze, down_at, stats = run_async(main(), request_timeout_s * 2 + 60)
+        results, t_freeze, down_at, excluded_at, stats = run_async(main(), request_timeout_s * 2 + 60)
     finally:
         os.kill(frozen, signal.SIGCONT)
         for p in procs:
             p.stop(5)
     gaps = [t - down_at for t, w in redispatch] if down_at is not None else []
+    sent = sorted((t - t_freeze, ended[k]) for k, t in to_frozen.items() if t > t_freeze)
     out = {"detect_s": None if down_at is None else down_at - t_freeze, "failover_after_detect_s": gaps,
-           "failover_to": [w for _, w in redispatch], "results": results, "stats": stats}
+           "failover_to": [w for _, w in redispatch], "results": results, "stats": stats, "sent_to_frozen": sent,
+           "excluded_s": None if excluded_at is None else excluded_at - t_freeze}
     ok = sum(1 for r in results if r[0] == 200 and r[1] is None)
+    print(f"\nfrozen worker: excluded from new requests {out['excluded_s']} s after SIGSTOP; {len(sent)} requests "
+          f"sent to it after the freeze, at {[round(t, 2) for t, _ in sent]} s, latencies "
+          f"{[round(lat, 2) for _, lat in sent]} s")
     print(f"\nfrozen worker (health every {interval_s:g}s, timeout {timeout_s:g}s, threshold {threshold}, request "
           f"timeout {request_timeout_s:g}s): marked down {out['detect_s']:.2f}s after SIGSTOP; {len(gaps)} requests "
           f"failed over, {max(gaps, default=0) * 1000:.0f} ms at most after detection; {ok} ok, {len(results) - ok} "
@@ -183,12 +202,12 @@ def _slow_worker(first_delay_s, gap_s):
 def test_stall_limit_ends_a_silent_stream_but_not_a_long_prefill(first_delay_s, gap_s, expect):
     async def main():
         runner, port_w = await protocol.serve_app(_slow_worker(first_delay_s, gap_s), shutdown_timeout=0.2)
-        svc = _service(RecordingRouter(), [f"http://127.0.0.1:{port_w}"], stall_timeout_s=0.5,
+        svc = service(RecordingRouter(), [f"http://127.0.0.1:{port_w}"], stall_timeout_s=0.5,
                        request_timeout_s=20.0)
         port = await svc.start()
         try:
             async with aiohttp.ClientSession() as s:
-                res = await _stream(s, f"http://127.0.0.1:{port}", protocol.generate_body(np.arange(10), 3))
+                res = await stream(s, f"http://127.0.0.1:{port}", protocol.generate_body(np.arange(10), 3))
             return res, svc.stats()
         finally:
             await svc.stop()
@@ -341,7 +360,7 @@ def test_a_big_body_is_parsed_off_the_event_loop(monkeypatch):
     async def main():
         w = _one_token_worker()
         await w.start()
-        svc = _service(RecordingRouter(), [w.url])
+        svc = service(RecordingRouter(), [w.url])
 
         def held_parse(raw):  # stands in for the parser process
             entered.set()
@@ -402,7 +421,7 @@ def test_every_malformed_body_gets_a_clean_400_and_reaches_no_worker(caplog, hea
     async def main():
         w = _one_token_worker()
         await w.start()
-        svc = _service(RecordingRouter(), [w.url])
+        svc = service(RecordingRouter(), [w.url])
         port = await svc.start()
         try:
             return await _raw_post(port, headers, body), w.bodies, svc.stats()
@@ -424,7 +443,7 @@ def test_idle_and_half_sent_connections_are_closed_without_tracebacks(caplog):
     async def main():
         w = _one_token_worker()
         await w.start()
-        svc = _service(RecordingRouter(), [w.url], client_timeout_s=0.5)
+        svc = service(RecordingRouter(), [w.url], client_timeout_s=0.5)
         port = await svc.start()
         try:
             async def conn(first: bytes, leave: bool):

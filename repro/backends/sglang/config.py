@@ -59,13 +59,16 @@ class RouterServiceSection:
     """`backend.router_service` (router_impl: ours); the knobs' meaning: router_service/__init__.py."""
 
     max_retries: int = 2
-    health_check_interval_s: float = 1.0  # a frozen worker: down ~3 s after its first missed deadline
+    health_check_interval_s: float = 1.0  # a frozen worker: down ~3 s after its first missed deadline (~5.4 s)
     health_check_timeout_s: float = 2.0  # /health is the HTTP process's (no generation): never slow when alive
     health_failure_threshold: int = 2
     startup_health_timeout_s: float = 10.0
     load_poll_interval_s: float = 0.0
     view_tracker: bool = True
     stall_timeout_s: float = 60.0
+    stall_exclude: bool = True  # new requests avoid a worker whose in-flight requests stopped moving
+    stall_exclude_floor_s: float = 2.0  # its silence limit: at least this, else factor x its own history
+    stall_exclude_factor: float = 4.0
     max_body_bytes: int = 4 << 20
     client_timeout_s: float = 30.0  # a client connection idle, or sending its request, this long is closed
 
@@ -231,10 +234,13 @@ class RouterServiceConfig(RouterServiceSection):
                 f"router service: {len(self.kv_capacity_tokens)} capacities for {len(self.worker_urls)} workers"
             )
         for name in ("time_scale", "request_timeout_s", "connect_timeout_s", "health_check_interval_s",
-                     "health_check_timeout_s", "startup_health_timeout_s", "stall_timeout_s", "client_timeout_s"):
+                     "health_check_timeout_s", "startup_health_timeout_s", "stall_timeout_s", "client_timeout_s",
+                     "stall_exclude_floor_s", "stall_exclude_factor"):
             v = getattr(self, name)
             if not is_positive(v):
                 raise ValueError(f"router service: {name} must be a number > 0, got {v!r}")
+        if not isinstance(self.stall_exclude, bool):
+            raise ValueError(f"router service: stall_exclude must be true or false, got {self.stall_exclude!r}")
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ValueError(f"router service: max_retries must be an integer >= 0, got {self.max_retries!r}")
         if not isinstance(self.health_failure_threshold, int) or self.health_failure_threshold < 1:

@@ -51,11 +51,18 @@ Faults:
   a generation, so an alive worker, however busy, answers in milliseconds); `health_failure_threshold`
   (2) consecutive failures mark it unhealthy, one success healthy again; a refused connection during
   a request marks it unhealthy at once. With zero healthy workers requests get 503 at once.
-- Not done: diverting new requests from a worker whose latest health check failed ("suspect")
-  before it is marked down. Tried: on the loaded 2-core machine single 2 s misses of alive emulated
-  workers then overrode the router's choices often enough to move the fig2 GSP cell's live hit rate
-  from the simulator's 0.66 to 0.72 (tests/live/test_live_backend.py). A frozen worker gets new
-  requests until it is marked down (~3 s after its first missed deadline).
+- Stall exclusion (stall.py, `stall_exclude`, default on): a worker whose in-flight requests made
+  no progress (no reply byte) for longer than its limit, max(`stall_exclude_floor_s` 2 s,
+  `stall_exclude_factor` 4 x (its longest silence in the last ~60 s + the waiting prefill at its
+  fastest seen prefill rate)), while another healthy worker progresses, gets no new requests: the
+  router's pick is replaced as for a worker marked down (/stats `stall.diverted`). It is not marked
+  down, its in-flight requests go on, and its next byte brings it back. A frozen worker is excluded
+  ~2 s after it froze instead of getting new requests until it is marked down (~5.4 s). Not
+  diverting on a "suspect" health check: tried, single 2 s /health misses of alive emulated workers
+  on the loaded 2-core machine overrode the router's choices often enough to move the fig2 GSP
+  cell's live hit rate from 0.66 to 0.72; stall exclusion needs a silence several times the
+  worker's own longest one, and excluded no worker in the live fig2 cells measured
+  (docs/ARCHITECTURE.md, "Live router under faults").
 - Marked unhealthy (e.g. a frozen worker: SIGSTOP, a hung GPU) = its requests stop waiting for it
   at once: those without a first byte go to another worker (as a retry), its open streams end with
   an error event. So a frozen worker costs its requests the detection time (about interval +
@@ -80,7 +87,7 @@ Faults:
   none of the workers answers /health within `startup_health_timeout_s`.
 
 Modules: ledger.py (per-worker bookkeeping, LiveWorkerView), health.py (health and capacity
-discovery), parsing.py (bodies, parser process), relay.py (one attempt on one worker),
+discovery), stall.py (stall exclusion), parsing.py (bodies, parser process), relay.py (one attempt on one worker),
 service.py (RouterService: handlers, retries, router callbacks), cli.py (the process).
 """
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from repro.backends.sglang import protocol
+from repro.backends.sglang.router_service.stall import StallWatch
 from repro.kvcache import as_key
 from repro.routing.trackers import tracker_access
 
@@ -46,6 +47,7 @@ class Flight:
     phase: Any = None
     worker_resp: Any = None
     last_event: float = 0.0  # loop time of the worker's latest stream event
+    dispatched_at: float = 0.0  # monotonic time of the current attempt's dispatch
 
     @property
     def prompt_len(self) -> int:
@@ -83,6 +85,7 @@ class WorkerState:
         self.failed_attempts = 0
         self.flights: dict[int, Flight] = {}  # key -> request forwarded here and not released
         self.down_at: float | None = None  # loop time it was last marked unhealthy
+        self.stall = StallWatch()  # progress and exclusion from new requests (stall.py)
 
     # ------------------------------------------------------------------ health
     def mark_failure(self, error: str, threshold: int, hard: bool = False) -> None:
@@ -110,7 +113,9 @@ class WorkerState:
 
     def dispatch(self, f: Flight) -> None:
         """f is forwarded here: it waits, with its prompt minus the tracked hit to prefill."""
+        was_idle = not self.flights
         f.worker = self.worker_id
+        f.dispatched_at = time.monotonic()
         self.dispatched += 1
         self.flights[f.key] = f
         plen = f.prompt_len
@@ -119,13 +124,21 @@ class WorkerState:
         self.waiting_prefill += plen - hit
         if self.tracker is not None:
             tracker_access(self.tracker, f.prompt_key)
+        if was_idle:
+            self.stall.became_busy(f.dispatched_at, self.waiting_prefill)
+
+    def progress(self) -> None:
+        """Bytes of a reply arrived from this worker (stall.py)."""
+        self.stall.progress(time.monotonic(), self.waiting_prefill, self.worker_id)
 
     def add_tokens(self, f: Flight, new_tokens: int) -> None:
         """new_tokens more output tokens of f arrived (the first one ends its prefill)."""
         if new_tokens <= 0:
             return
         if f.key in self.waiting:
-            self.waiting_prefill -= self.waiting.pop(f.key)
+            uncached = self.waiting.pop(f.key)
+            self.waiting_prefill -= uncached
+            self.stall.first_token(time.monotonic(), uncached, f.dispatched_at)
             held = f.prompt_len
             self.running[f.key] = held
             self.active_kv += held
@@ -142,6 +155,8 @@ class WorkerState:
         if held is not None:
             self.active_kv -= held
             self.live_generated -= held - f.prompt_len
+        if not self.flights:
+            self.stall.end(time.monotonic(), self.worker_id, "no request of it left in flight")
 
     def record_completion(self, f: Flight, output_ids: np.ndarray) -> None:
         """f finished here: the tracker gets prompt + reply, as the worker's cache does."""
@@ -163,6 +178,11 @@ class WorkerState:
             "in_flight": self.in_flight,
             "waiting": len(self.waiting),
             "active_kv_tokens": self.active_kv,  # the router's estimate (prompt + generated so far)
+            "excluded": self.stall.excluded,  # from new requests: in-flight ones stalled (stall.py)
+            "stall_exclusions": self.stall.exclusions,
+            "stall_closest": round(self.stall.closest, 3),  # largest silence / limit seen (1: excluded)
+            "excluded_s": self.stall.excluded_s + (time.monotonic() - self.stall.excluded_at
+                                                   if self.stall.excluded_at is not None else 0.0),
         }
 
 

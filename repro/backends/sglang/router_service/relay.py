@@ -148,6 +148,7 @@ async def relay_stream(svc: Any, f: Flight, w: WorkerState, lines, first: bytes,
             try:
                 line = await lines.__anext__()
                 f.last_event = loop.time()
+                w.progress()
             except StopAsyncIteration:
                 line = None
     except ClientGone:

@@ -19,7 +19,7 @@ import numpy as np
 
 from repro.backends.sglang import protocol
 from repro.backends.sglang.config import RouterServiceConfig
-from repro.backends.sglang.router_service import health
+from repro.backends.sglang.router_service import health, stall
 from repro.backends.sglang.router_service.ledger import Flight, LiveWorkerView, WorkerState
 from repro.backends.sglang.router_service.parsing import (INLINE_PARSE_BYTES, ParserPool, RequestParser,
                                                           check_content_type, parse_in_child)
@@ -55,6 +55,7 @@ class RouterService:
         self.failed = 0
         self.rejected = 0
         self.retried = 0
+        self.diverted = 0  # new requests the router sent to an excluded (stalled) worker, served elsewhere
         self.callbacks = 0
         self.callbacks_skipped = 0
         self.callback_errors: list[str] = []
@@ -88,6 +89,9 @@ class RouterService:
             raise
         self._t0 = loop.time()
         self._tasks.append(asyncio.create_task(health.health_loop(self._session, self.workers, self.config)))
+        if self.config.stall_exclude:
+            self._tasks.append(asyncio.create_task(stall.stall_loop(self.workers, self.config.stall_exclude_floor_s,
+                                                                    self.config.stall_exclude_factor)))
         if self.config.load_poll_interval_s > 0:
             self._tasks.append(asyncio.create_task(health.poll_loop(self._session, self.workers, self.config)))
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -142,13 +146,15 @@ class RouterService:
                                  f"{type(exc).__name__}: {exc}")
 
     def _next_worker(self, tried: Sequence[int]) -> WorkerState | None:
+        """The healthy untried worker with the fewest requests in flight (ties: lowest id); one
+        excluded as stalled only when no other is left."""
         best = None
         for w in self.workers:
             if not w.healthy or w.worker_id in tried:
                 continue
-            load = w.in_flight
-            if best is None or load < best[0]:
-                best = (load, w)
+            rank = (w.stall.excluded, w.in_flight)
+            if best is None or rank < best[0]:
+                best = (rank, w)
         return best[1] if best else None
 
     def _finish_success(self, f: Flight, w: WorkerState) -> None:
@@ -197,6 +203,7 @@ class RouterService:
             "failed": self.failed,
             "rejected": self.rejected,
             "retried": self.retried,
+            "stall": {"exclusions": sum(w.stall.exclusions for w in self.workers), "diverted": self.diverted},
             "failures": dict(self.failures),
             "callbacks": self.callbacks,
             "callbacks_skipped": self.callbacks_skipped,
@@ -331,6 +338,11 @@ class RouterService:
         w = self.workers[f.chosen]
         if not w.healthy:
             w = self._next_worker(tried)
+        elif w.stall.excluded:  # stalled: another worker unless every other is down or stalled too
+            other = self._next_worker([w.worker_id])
+            if other is not None and not other.stall.excluded:
+                w = other
+                self.diverted += 1
         while True:
             if w is None:
                 kind = "no_healthy_worker"
@@ -367,6 +379,7 @@ class RouterService:
         if phase.cancelled():
             raise AttemptFailed((f.abort_reason or ("", "attempt ended"))[1])
         opened = phase.result()  # AttemptFailed passes through
+        w.progress()
         if opened[0] == "reply":  # the request itself is bad: pass the worker's answer through
             _, status, text = opened
             w.release(f)
