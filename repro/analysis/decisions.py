@@ -6,9 +6,10 @@ apply anyway) before every decision, and records, per decision and worker: track
 worker's TRUE cached prefix at that moment (WorkerView.peek_prefix), S^, P~, r^ (= theta . phi),
 E^, and the worker's real queue (waiting, running, in-flight); per completion: realised
 latency, TTFT and cached tokens of the chosen worker, and the learner's coefficients after the
-update; on simulated workers also when each request's prefill started (a read-only step
-observer), so its realised queue wait = prefill start - arrival. Other routers are recorded too (choice, true hits, realised latency) so that their
-decisions can be compared with LBGR's.
+update; each request's realised queue wait (arrival to its first prefill step) from the cell's
+records (`queue_wait_s`), and on simulated workers the time spent in prefill steps (a read-only
+step observer). Other routers are recorded too (choice, true hits, realised latency) so that
+their decisions can be compared with LBGR's.
 
 `summarise_decisions` reduces that to the numbers the LBGR study reports (calibration of E^
 against the realised latency, P~ against the realised wait, tracker error, how often the chosen
@@ -47,7 +48,7 @@ class DiagnosticRouter(Router):
     def reset(self, workers, seed):
         self.inner.reset(workers, seed)
         self.num_workers = len(workers)
-        self.prefill_start: dict[int, float] = {}  # request id -> start of its first prefill step
+        self.records: pd.DataFrame | None = None  # the cell's records, set by run_instrumented
         self.sim_workers = []
         self.prefill_busy_s = [0.0] * len(workers)  # simulated seconds in steps that prefill
         for view in workers:
@@ -63,9 +64,6 @@ class DiagnosticRouter(Router):
     def _on_step(self, event, worker, info):
         if event == "start" and info.prefill:
             self.prefill_busy_s[worker.worker_id] += info.duration_s
-            reqs, start = worker.table.requests, self.prefill_start
-            for i, _ in info.prefill:
-                start.setdefault(reqs[i].id, info.start_s)
 
     def select_worker(self, request, workers, now_s):
         m = len(workers)
@@ -117,10 +115,8 @@ class DiagnosticRouter(Router):
         comp = pd.DataFrame.from_dict(self.completions, orient="index")
         comp.index.name = "id"
         d = d.join(comp, on="id")
-        start = getattr(self, "prefill_start", {})
-        if start:
-            d["prefill_start_s"] = d["id"].map(start)
-            d["queue_wait_s"] = d["prefill_start_s"] - d["now_s"]
+        if self.records is not None:
+            d["queue_wait_s"] = d["id"].map(self.records.set_index("id")["queue_wait_s"])
         return d
 
     def theta_table(self) -> pd.DataFrame:
@@ -159,7 +155,8 @@ def run_instrumented(cfg) -> tuple[dict, DiagnosticRouter]:
         return recorders[-1]
 
     result = run_cell(cfg, wrap_router=wrap)
-    return summarize(result.records), recorders[0]
+    recorders[0].records = result.records
+    return summarize(result.records, result.provenance), recorders[0]
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:

@@ -27,7 +27,8 @@ def test_instrumented_run_equals_the_harness_run(policy):
 
     cfg = compose_cell([f"policy={policy}", *SMALL])
     summary, rec = run_instrumented(cfg)
-    plain = summarize(run_cell(compose_cell([f"policy={policy}", *SMALL])).records)
+    harness = run_cell(compose_cell([f"policy={policy}", *SMALL]))
+    plain = summarize(harness.records, harness.provenance)
     summary.pop("provenance", None)
     plain.pop("provenance", None)
     assert summary == plain

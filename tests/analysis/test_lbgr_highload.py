@@ -23,7 +23,6 @@ def test_latency_parts_add_up_and_lbgr_parts_make_e(policy):
     row, d = run_cell_diag(policy, 40.0, 1500, 0, SMALL)
     assert row["requests"] == len(d) == 96 and d["id"].is_unique
     assert (d["queue_wait_s"] >= 0).all() and (d["prefill_real_s"] > 0).all() and (d["decode_real_s"] >= 0).all()
-    assert d["now_s"].le(d["prefill_start_s"]).all()
     parts = row["wait_mean_s"] + row["prefill_mean_s"] + row["decode_mean_s"]
     assert parts == pytest.approx(row["mean_latency_s"])
     assert 0 < row["prefill_busy_frac"] <= row["busy_frac"] <= 1
