@@ -1,8 +1,8 @@
 # Every target runs from the repository root. PYTHON can point at a venv's interpreter.
 PYTHON ?= python3
-PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary and not reliability"
+PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary and not reliability and not live_heavy"
 
-.PHONY: help install lint test test-all test-slow test-reliability test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
+.PHONY: help install lint test test-all test-slow test-reliability test-live-heavy test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,11 +19,14 @@ lint:  ## ruff (lint rules: pyproject.toml [tool.ruff.lint]) and mypy (lenient: 
 	$(PYTHON) -m ruff check repro
 	$(PYTHON) -m mypy repro
 
-test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu)
+test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu/reliability/live_heavy)
 	$(PYTHON) -m pytest $(PYTEST_DEFAULT)
 
 test-reliability:  ## issue 34's hostile pass as tests (double Ctrl-C, tampering), REPRO_RELIABILITY_REPEAT times each
 	$(PYTHON) -m pytest -m reliability tests/reliability
+
+test-live-heavy:  ## emulated-SGLang cells checked against the simulator's hit rate (~1 min; a step of .ci/run)
+	$(PYTHON) -m pytest -m live_heavy tests/live
 
 test-slow:  ## the slow checks only
 	$(PYTHON) -m pytest -m slow

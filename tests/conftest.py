@@ -1,6 +1,7 @@
 """Shared pytest set-up.
 
-Under CI=true a skipped test that carries a required marker (`slurm`, `sglang`, `sglang_server`, `router_binary`) FAILS the run:
+Under CI=true a skipped test that carries a required marker (`slurm`, `sglang`, `sglang_server`, `router_binary`,
+`live_heavy`) FAILS the run:
 CI must prepare the Slurm cluster and the CPU SGLang environment, so it cannot go green by
 silently not testing them. Skips of other tests, and xfails, are untouched.
 """
@@ -12,7 +13,7 @@ import os
 import pytest
 
 # Markers whose tests must not be skipped when CI=true.
-REQUIRED_UNDER_CI: tuple[str, ...] = ("slurm", "sglang", "sglang_server", "router_binary")
+REQUIRED_UNDER_CI: tuple[str, ...] = ("slurm", "sglang", "sglang_server", "router_binary", "live_heavy")
 
 
 def ci_enabled() -> bool:

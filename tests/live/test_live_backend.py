@@ -172,6 +172,13 @@ def _assert_live_hit_rate_matches_sim(overrides, tmp_path, live_runs: int = 3, s
     assert gap <= 0.02 + 2.0 * se, (live_rates, sims, se)
 
 
+# live_heavy (its own .ci/run step, make test-live-heavy): 3 live runs of 512 queries plus 8 simulator runs, ~45-70 s.
+# Its hit rate moves with CPU load: wall-clock delays (HTTP hops, Python scheduling of 4 worker processes, the
+# router and the client on 2 cores) land on the emulated clock x time_scale (5), always late. Requests then queue
+# longer before admission, where the hit is counted, so more of their shared prefixes are already cached, and
+# batching and load-aware routing change; the simulator's jitter (|N(0, 20 ms)| on arrivals) models only part of
+# that. Measured at load average ~4.5 on 2 cores: live 0.700-0.710 vs simulator 0.639-0.692 (fails the bound).
+@pytest.mark.live_heavy
 def test_emulated_sglang_hit_rate_matches_the_simulator_on_the_fig2_gsp_cell(tmp_path):
     _assert_live_hit_rate_matches_sim(FIG2_GSP + ["policy=cache_aware_lru"], tmp_path)
 

@@ -397,8 +397,11 @@ def test_a_big_body_is_parsed_off_the_event_loop(monkeypatch):
 
 
 async def _raw_post(port, headers: bytes, body: bytes) -> tuple[int, str]:
+    """One raw request; `Connection: close` makes the service close after its answer, so read() returns at
+    that EOF (a keep-alive connection would stay open until client_timeout_s, 30 s by default)."""
     r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(b"POST /generate HTTP/1.1\r\nHost: x\r\n" + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    w.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     await w.drain()
     data = await r.read()
     w.close()
