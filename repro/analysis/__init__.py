@@ -8,4 +8,6 @@ backends; nothing below imports analysis).
 - lbgr_sweep.py: the LBGR design study (variants vs a baseline on the tuning / evaluation cells).
 - lbgr_tune.py: the LBGR tuning protocol (free parameters chosen by prediction error).
 - lbgr_diagnostics.py: the command line of all three (`python -m repro.analysis.lbgr_diagnostics`).
+- inverse_search/: the settings that maximise each headline ratio (Optuna; `python -m
+  repro.analysis.inverse_search search|report`).
 """
