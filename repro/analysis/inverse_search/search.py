@@ -196,12 +196,12 @@ def _abandon_dead(study) -> list[int]:
 
 def counted(study) -> int:
     """Trials that count toward --trials: finished (complete, or failed with an error of their own)
-    or running; not the stopped and abandoned ones."""
+    or running; not the stopped and abandoned ones, nor the enqueued (WAITING) first trial."""
     from optuna.trial import TrialState
 
     n = 0
     for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
+        if t.state in (TrialState.COMPLETE, TrialState.RUNNING):
             n += 1
         elif t.state == TrialState.FAIL and "error" in t.user_attrs:
             n += 1
@@ -238,7 +238,8 @@ def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple
             trial.set_user_attr("error", f"invalid setting: {exc}")
             study.tell(trial, state=TrialState.FAIL)
             runner.failed.append(f"{target.id} trial {trial.number}: invalid setting")
-            return trial, None, f"invalid setting: {str(exc).splitlines()[0]}"
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip().startswith("- ")), str(exc))
+            return trial, None, f"invalid setting: {first}"
         outcomes = runner.run(cells)
     except BaseException:  # Ctrl-C, SIGTERM: this trial does not count; its finished cells stay
         trial.set_user_attr("stopped", True)

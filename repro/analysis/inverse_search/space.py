@@ -27,7 +27,8 @@ MEM_FRACTION_PCT = (50, 90, 5)
 KV_KTOKENS = {"gsp": (8, 256), "sharegpt": (16, 256), "ultrachat": (16, 256), "loogle": (40, 512)}
 GSP_GROUPS = (4, 256)             # log scale; prompts per group = ceil(num_queries / groups)
 GSP_SYS_LO = (128, 4096)          # shortest system prompt (tokens, log scale)
-GSP_SYS_SPAN_PCT = (100, 400, 25)  # longest = shortest x this / 100
+GSP_SYS_SPAN_PCT = (100, 400, 25)  # longest = shortest x this / 100, at most GSP_SYS_MAX
+GSP_SYS_MAX = 6144                # twice SGLang's 3072: a GSP request (+ 128 question, <= 128 output) fits 8k
 GAMMA_PCT = (10, 99)
 DECAY_INTERVAL_S = (0.01, 10.0)   # log scale, 3 significant digits
 GENERATIONS = ("le_0_2_3", "v0_3_2", "smg_1_13")
@@ -72,7 +73,7 @@ def suggest(trial: Any, target: Target, num_queries: int) -> Setting:
         lo_tok = trial.suggest_int("gsp_sys_lo", *GSP_SYS_LO, log=True)
         span = trial.suggest_int("gsp_sys_span_pct", GSP_SYS_SPAN_PCT[0], GSP_SYS_SPAN_PCT[1], step=GSP_SYS_SPAN_PCT[2])
         common += [f"workload.num_groups={groups}", f"workload.prompts_per_group={math.ceil(num_queries / groups)}",
-                   f"workload.system_prompt_len_range=[{lo_tok},{round(lo_tok * span / 100)}]"]
+                   f"workload.system_prompt_len_range=[{lo_tok},{min(round(lo_tok * span / 100), GSP_SYS_MAX)}]"]
     common += list(target.fixed)
     per_system: dict[str, tuple[str, ...]] = {}
     for policy in (target.base, target.ours):
