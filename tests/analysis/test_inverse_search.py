@@ -17,7 +17,7 @@ from repro.analysis.inverse_search.claims import FIG2_FOUR, JOINT, joint_distanc
 from repro.analysis.inverse_search.search import EXP, counted, evaluate, journal_path, open_study
 
 CLAIM = "tab2.ca_rlt_latency"  # one benchmark (GSP), two cache-aware systems: the smallest trials
-TINY = ["--seeds", "0", "--num-queries", "32", "tracking=disabled"]
+TINY = ["--seeds", "0", "--num-queries", "32"]
 
 
 def _search(results: Path, trials: int, claim: str = CLAIM, *extra: str) -> int:
@@ -115,8 +115,8 @@ def test_each_study_starts_from_the_papers_own_cells(tmp_path, claim, exp):
 
 def test_a_study_keeps_its_settings(resumed, capsys):
     n = len(_study(resumed.a).trials)
-    for other in (["--seeds", "0,1", "--num-queries", "32", "tracking=disabled"],
-                  ["--seeds", "0", "--num-queries", "48", "tracking=disabled"]):
+    for other in (["--seeds", "0,1", "--num-queries", "32"], ["--seeds", "0", "--num-queries", "48"],
+                  ["--seeds", "0", "--num-queries", "32", "cluster.scheduler.max_running_requests=8"]):
         assert main(["search", "--claim", CLAIM, "--trials", str(n + 1), "--results-dir", str(resumed.a), *other]) == 2
         assert "was made with" in capsys.readouterr().err
     assert len(_study(resumed.a).trials) == n
@@ -192,7 +192,7 @@ def test_the_spaces_corners_are_valid_cells(tmp_path):
 
     t = targets()["fig2.p50_latency_vs_ca"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        runner = Runner(str(tmp_path), (0,), 256, ("tracking=disabled",), composer=GridComposer("config"))
+        runner = Runner(str(tmp_path), (0,), 256, (), composer=GridComposer("config"))
         for wl in t.benchmarks:
             params = {"workload": wl, "num_workers": 1, "request_rate_x2": 8, "output_len": space.OUTPUT_LEN[1],
                       "kv_mode": "budget", f"kv_ktokens_{wl}": space.KV_KTOKENS[wl][0],

@@ -8,7 +8,7 @@ advantage from the seed means of both systems (claims.py). The study lives in a 
 results/inverse_search/<claim>.journal (Optuna's JournalStorage; its file lock works on NFS), so
 that several processes (a Slurm array) can share it.
 
-Determinism: trial k is drawn by a TPE sampler seeded from (sampler seed, k) over the trials
+Determinism: trial k is drawn by a TPE sampler seeded from (sampler seed, study, k) over the trials
 before it, so a search stopped and resumed draws what one uninterrupted run draws. With several
 processes on one journal the order in which trials finish decides what later ones see: the
 trials differ run to run, each trial's cells do not.
@@ -49,18 +49,22 @@ def journal_path(results_dir: str | Path, target_id: str) -> Path:
     return Path(results_dir) / EXP / f"{target_id}.journal"
 
 
-def sampler_seed(seed: int, number: int) -> int:
+def sampler_seed(seed: int, study: str, number: int) -> int:
+    """Trial `number`'s sampler seed: the study's name takes part, so that the studies' random first
+    trials explore different settings (the same draws would only give the same cells again)."""
+    import zlib
+
     import numpy as np
 
-    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+    return int(np.random.SeedSequence([seed, zlib.crc32(study.encode()), number]).generate_state(1)[0])
 
 
-def make_sampler(seed: int, number: int):
+def make_sampler(seed: int, study: str, number: int):
     import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=sampler_seed(seed, number), constant_liar=True)
+        return optuna.samplers.TPESampler(seed=sampler_seed(seed, study, number), constant_liar=True)
 
 
 def open_study(path: Path, target: Target, *, create: bool):
@@ -226,7 +230,7 @@ def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple
     from repro.results.lock import owner_record
 
     trial = study.ask()
-    study.sampler = make_sampler(seed, trial.number)  # before any draw: trial k's draws depend on k only
+    study.sampler = make_sampler(seed, target.id, trial.number)  # before any draw: trial k's draws depend on k only
     trial.set_user_attr("owner", owner_record())
     t0 = time.perf_counter()
     try:
