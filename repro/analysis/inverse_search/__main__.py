@@ -6,7 +6,8 @@
         (resumes; `--claim all`: every claim in turn). OVERRIDEs (key=value) go to every cell and
         are part of the study's identity, like --seeds and --num-queries.
     report [--results-dir results] [--figures-dir figures]
-        results/inverse_search/report.md and figures/inverse_search.{png,pdf} from the journals.
+        results/inverse_search/report.md and figures/inverse_search.{png,pdf} from the journals
+        (relative folders: from the project root, as results_dir everywhere).
     list
         The claims, with the paper's numbers.
 
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from repro.analysis.inverse_search.report import write_report
         from repro.harness.sweep import absolute_results_dir
 
-        for p in write_report(absolute_results_dir(a.results_dir), a.figures_dir, claims, targets):
+        for p in write_report(absolute_results_dir(a.results_dir), absolute_results_dir(a.figures_dir), claims, targets):
             print(p)
         return 0
     return _search(a, targets, claims)

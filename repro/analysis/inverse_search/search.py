@@ -103,6 +103,7 @@ class Runner:
     def cells(self, target: Target, setting: Setting | None = None, workload: str | None = None) -> list:
         """One Cell per (system, seed), composed and validated (ConfigError otherwise). No setting:
         the paper's defaults with `workload` (the study's first trial)."""
+        from repro.harness.cell import use_workload_memo
         from repro.harness.compose import compose_cells
         from repro.harness.grid import Cell
         from repro.harness.validate import validate_configs
@@ -115,6 +116,7 @@ class Runner:
                 ov = [*self.base(), *setting.overrides(policy, seed)]
             cells.append(Cell(index=i, overrides=[*ov, *self.extra], swept={"policy": policy, "seed": str(seed)}))
         compose_cells(cells, self.composer)
+        use_workload_memo(True)  # as run_sweep: validation builds each workload once, the cells (n_jobs 1) reuse it
         validate_configs(((f"{c.label}", c.config) for c in cells), deep=True)
         return cells
 
