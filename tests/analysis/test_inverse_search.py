@@ -133,6 +133,11 @@ def test_report_names_the_best_setting_and_the_co_occurrence(resumed, tmp_path):
     assert "| `fig2.p50_latency_vs_ca` | 11.96× | - | not run |" in text
     assert "No complete Figure 2 trial yet." in text
     assert (figs / "inverse_search.png").stat().st_size > 0 and (figs / "inverse_search.pdf").is_file()
+    import pandas as pd
+
+    rows = pd.read_csv(resumed.a / EXP / "trials.csv")
+    assert list(rows["trial"]) == [t.number for t in study.trials] and set(rows["study"]) == {CLAIM}
+    assert rows["value"].tolist() == pytest.approx([t.value for t in study.trials])
 
 
 def test_claims_read_the_papers_numbers_from_the_catalogue():

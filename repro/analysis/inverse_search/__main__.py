@@ -6,7 +6,7 @@
         (resumes; `--claim all`: every claim in turn). OVERRIDEs (key=value) go to every cell and
         are part of the study's identity, like --seeds and --num-queries.
     report [--results-dir results] [--figures-dir figures]
-        results/inverse_search/report.md and figures/inverse_search.{png,pdf} from the journals
+        results/inverse_search/report.md, trials.csv and figures/inverse_search.{png,pdf} from the journals
         (relative folders: from the project root, as results_dir everywhere).
     list
         The claims, with the paper's numbers.

@@ -1,4 +1,5 @@
-"""The inverse search's report: results/inverse_search/report.md and figures/inverse_search.{png,pdf}.
+"""The inverse search's report: results/inverse_search/report.md (+ trials.csv, every trial) and
+figures/inverse_search.{png,pdf}.
 
 Reads the studies' journals only (no cell runs). Per claim: the paper's number, the value at the
 paper's defaults (each study's first trial), the best trial (its setting, both systems' regimes
@@ -23,6 +24,7 @@ CO_OCCUR_MAX = 1.0  # largest |log2(ours / paper)| of the four: within a factor 
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
 REPORT = "report.md"
+TRIALS_CSV = "trials.csv"
 FIGURE = "inverse_search"
 
 
@@ -207,6 +209,27 @@ def draw(targets: Mapping[str, Target], trials: Mapping[str, list], figures_dir:
     return out
 
 
+def trials_table(targets: Mapping[str, Target], trials: Mapping[str, list]):
+    """One row per trial of every study: state, value, setting, the advantages of every metric and
+    both systems' regimes (the report's data, for other tables)."""
+    import pandas as pd
+
+    rows = []
+    for tid, ts in trials.items():
+        target = targets[tid]
+        for t in ts:
+            adv = t.user_attrs.get("advantages", {})
+            rows.append({"study": tid, "trial": t.number, "state": t.state.name,
+                         "value": t.value, "printed": target.printed(t.value) if t.value is not None else "",
+                         **{f"adv.{m}": v for m, v in adv.items()},
+                         "regime.ours": _regimes(t, target.ours), "regime.base": _regimes(t, target.base),
+                         "setting": _setting_text(t), "error": (t.user_attrs.get("error") or "").splitlines()[:1]})
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["error"] = df["error"].map(lambda e: e[0] if e else "")
+    return df
+
+
 def write_report(results_dir: str | Path, figures_dir: str | Path, claims: Mapping[str, SearchClaim],
                  targets: Mapping[str, Target]) -> list[Path]:
     """report.md beside the studies and the figure in figures_dir; the paths written."""
@@ -219,4 +242,5 @@ def write_report(results_dir: str | Path, figures_dir: str | Path, claims: Mappi
     report = Path(results_dir) / EXP / REPORT
     rel = os.path.relpath(paths[0], report.parent) if paths else None
     paths.append(write_atomic(report, markdown(claims, targets, trials, rel)))
+    paths.append(write_atomic(report.with_name(TRIALS_CSV), trials_table(targets, trials).to_csv(index=False)))
     return paths
