@@ -206,3 +206,26 @@ def test_the_spaces_corners_are_valid_cells(tmp_path):
                       "lbgr_gamma_pct": 99, "lbgr_decay_interval_s": 10.0}
             setting = space.suggest(FixedTrial(params), t, 256)
             assert len(runner.cells(t, setting)) == 2  # composed and deep-validated (ConfigError otherwise)
+
+
+def test_a_trial_failed_meanwhile_by_another_process_ends_without_error(tmp_path, monkeypatch):
+    """Another process may take a long trial for abandoned (its host's clock, STALE_AFTER_S) and fail
+    it: the owner keeps its cells, reports the trial as not counted and goes on."""
+    from optuna.trial import TrialState
+
+    from repro.analysis.inverse_search.search import Runner
+
+    real_run = Runner.run
+
+    def run_then_abandoned(self, cells):
+        out = real_run(self, cells)
+        other = _study(tmp_path)  # "another process": its own view of the journal
+        (running,) = other.get_trials(states=(TrialState.RUNNING,))
+        other.tell(running.number, state=TrialState.FAIL)
+        return out
+
+    monkeypatch.setattr(Runner, "run", run_then_abandoned)
+    assert _search(tmp_path, 1) == 0
+    (t,) = _study(tmp_path).trials
+    assert t.state.name == "FAIL" and "error" not in t.user_attrs and counted(_study(tmp_path)) == 0
+    assert len(list((tmp_path / EXP).glob("*/summary.json"))) == 2

@@ -20,6 +20,7 @@ count; its finished cells stay and are skipped when the setting comes again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -226,6 +227,7 @@ def check_identity(study, identity: dict) -> None:
 
 def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple[Any, float | None, str]:
     """Ask, draw, run, tell one trial; (trial, value or None, one line for the log)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     from repro.harness.validate import ConfigError
@@ -248,9 +250,19 @@ def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple
             return trial, None, f"invalid setting: {first}"
         outcomes = runner.run(cells)
     except BaseException:  # Ctrl-C, SIGTERM: this trial does not count; its finished cells stay
-        trial.set_user_attr("stopped", True)
-        study.tell(trial, state=TrialState.FAIL)
+        with contextlib.suppress(UpdateFinishedTrialError):
+            trial.set_user_attr("stopped", True)
+            study.tell(trial, state=TrialState.FAIL)
         raise
+    try:
+        return _record(study, trial, target, claims, runner, cells, outcomes, t0)
+    except UpdateFinishedTrialError:  # another process took it for abandoned (STALE_AFTER_S) and failed it
+        return trial, None, "failed meanwhile by another process as abandoned (not counted; its cells are kept)"
+
+
+def _record(study, trial, target: Target, claims, runner: Runner, cells, outcomes, t0: float):
+    from optuna.trial import TrialState
+
     statuses = [o.status for o in outcomes]
     failed = [o for o in outcomes if o.status == "failed"]
     value, record = evaluate(target, claims, cells, outcomes)
@@ -278,7 +290,9 @@ def search(target: Target, claims, runner: Runner, trials: int, seed: int, out=s
                             skip_if_exists=True)
     for number in _abandon_dead(study):
         print(f"[{target.id}] trial {number}: its process is gone; marked failed (not counted)", file=out, flush=True)
-    while counted(study) < trials:
+    asked = 0
+    while counted(study) < trials and asked < trials:  # at most N asks: uncounted trials cannot loop forever
+        asked += 1
         trial, value, note = run_trial(study, target, claims, runner, seed)
         best = _best(study)
         shown = target.printed(value) if value is not None else "-"
