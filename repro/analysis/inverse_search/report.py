@@ -165,6 +165,7 @@ def draw(targets: Mapping[str, Target], trials: Mapping[str, list], figures_dir:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     from repro.fileio import write_atomic
 
@@ -188,6 +189,9 @@ def draw(targets: Mapping[str, Target], trials: Mapping[str, list], figures_dir:
         if target.claim is not None:
             ax.axhline(target.claim.paper_advantage, ls="--", color="tab:red", label=f"paper {target.paper}")
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel("advantage (ours vs base)")
         else:
             ax.axhline(CO_OCCUR_MAX, ls="--", color="tab:red", label="factor 2")
