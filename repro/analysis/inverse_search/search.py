@@ -234,7 +234,7 @@ def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple
     from repro.results.lock import owner_record
 
     trial = study.ask()
-    study.sampler = make_sampler(seed, target.id, trial.number)  # before any draw: trial k's draws depend on k only
+    study.sampler = make_sampler(seed, target.id, trial.number)  # before any draw: trial k draws from (seed, study, k)
     trial.set_user_attr("owner", owner_record())
     t0 = time.perf_counter()
     try:
