@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary and not reliability and not live_heavy"
 
-.PHONY: help install lint test test-all test-slow test-reliability test-live-heavy test-sglang test-sglang-server test-slurm bench figures figures-render results-status sglang-env sglang-server-env router-env test-router-binary clean
+.PHONY: help install lint test test-all test-slow test-reliability test-live-heavy test-sglang test-sglang-server test-slurm bench figures figures-render inverse-search results-status sglang-env sglang-server-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -59,6 +59,11 @@ figures:  ## run every experiment whose results are missing, then render every t
 
 figures-render:  ## render figures/ from results/ only (no simulation)
 	$(PYTHON) -m repro.figures
+
+INVERSE_TRIALS ?= 30
+inverse-search:  ## beyond the paper: the settings that maximise each headline ratio (INVERSE_TRIALS trials a claim), then its report
+	$(PYTHON) -m repro.analysis.inverse_search search --claim all --trials $(INVERSE_TRIALS)
+	$(PYTHON) -m repro.analysis.inverse_search report
 
 results-status:  ## fresh / stale / unfinished cells per experiment (stale: made by other code, data or libraries)
 	$(PYTHON) -m repro.results status

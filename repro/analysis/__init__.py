@@ -10,4 +10,6 @@ backends; nothing below imports analysis).
 - lbgr_highload.py: LBGR's prediction parts against the realised queue wait / prefill / decode
   on regime_map cells (why LBGR+RLT loses at high load).
 - lbgr_diagnostics.py: the command line of all four (`python -m repro.analysis.lbgr_diagnostics`).
+- inverse_search/: the settings that maximise each headline ratio (Optuna; `python -m
+  repro.analysis.inverse_search search|report`).
 """

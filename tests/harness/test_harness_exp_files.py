@@ -27,7 +27,7 @@ def test_every_paper_experiment_has_a_file():
             "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
             "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio",
             "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",  # the appendix figures, our reading
-            "fig2_router_rules", "regime_map", "load_ladder", *BEYOND, *LIVE,  # beyond the paper
+            "fig2_router_rules", "regime_map", "load_ladder", "inverse_search", *BEYOND, *LIVE,  # beyond the paper
         ]
     )
 
@@ -123,7 +123,8 @@ def test_model_and_gpu(grids, exp):
                 "fig8_llama70b_benchmarks": ("llama31_70b", "h200"),
                 "fig9_mixtral_benchmarks": ("mixtral_8x7b", "h200")}.get(exp, ("llama31_8b", "l40"))
     assert (CHOICES[exp]["model"], CHOICES[exp]["hardware"]) == expected
-    assert CHOICES[exp]["backend"] == "sim" and CHOICES[exp]["tracking"] == "offline"
+    tracking = "disabled" if exp == "inverse_search" else "offline"  # hundreds of search cells: summaries only
+    assert CHOICES[exp]["backend"] == "sim" and CHOICES[exp]["tracking"] == tracking
 
 
 def test_grid_shapes(grids):
@@ -147,6 +148,8 @@ def test_grid_shapes(grids):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         smg = compose("config", overrides=["exp=regime_map", "policy=cache_aware_smg_lru"])
     assert (smg.router.generation, smg.router.name, smg.policy_name) == ("smg_1_13", "cache_aware_smg", "CacheAware(smg)+LRU")
+    inv = g["inverse_search"]  # the inverse search's starting point: Figure 2's GSP pair (its trials: tests/analysis)
+    assert len(inv) == 6 and policies(inv) == {"cache_aware_lru", "lbgr_rlt"} and swept(inv, "seed", int) == [0, 1, 2]
     assert swept(rm, "workload.request_rate", float) == [4.0, 8.0, 16.0, 24.0, 32.0]
     assert swept(rm, "cluster.kv_cache_tokens", int) == [8192, 16384, 32768, 65536, 131072, 262144]
     ladder = g["load_ladder"]
@@ -173,7 +176,7 @@ def test_grid_shapes(grids):
     assert len(swept(g["fig14_decay_interval"], "router.decay_interval_s")) == 6
     for exp in EXPS:
         if exp not in ("fig14_decay_interval", "tab3_single_worker", "tab2_ablation", "thm_competitive_ratio",
-                       "fig2_router_rules", "regime_map", *BEYOND, *LIVE):
+                       "fig2_router_rules", "regime_map", "inverse_search", *BEYOND, *LIVE):
             assert policies(g[exp]) == SIX, exp
     live = g["live_cpu_gsp"]
     assert policies(live) == {"round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_rlt"} and len(live) == 4
