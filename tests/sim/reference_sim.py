@@ -43,6 +43,7 @@ class _Worker:
     queue: list = field(default_factory=list)
     chunked: int | None = None
     reserved: int = 0
+    running: list = field(default_factory=list)  # SGLang's running batch: in the order requests joined it
     uncomputed: set = field(default_factory=set)
     alloc: int = 0  # per_chunk: KV allocated by the running prefill step, in the tree when it ends
     step: object = None  # ("prefill", [(i, n)]) or ("decode", [i...]) while busy
@@ -266,7 +267,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
             dur = cost_model.step_time_s(tokens, attn, 0, 0)
             w.step = ("prefill", batch)
         else:
-            running = [i for i, q in enumerate(R) if q.phase == "running" and W[q.worker] is w]
+            running = list(w.running)
             if not running:
                 return False
             ctx = sum(len(R[i].prompt) + R[i].generated for i in running)
@@ -304,6 +305,8 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                 q.first, q.generated, q.phase = now, 1, "running"
                 if q.out == 1:
                     finish(w, i, now, finished)
+                else:
+                    w.running.append(i)
             w.uncomputed = set()
             if w.chunked is not None and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
                 q = R[w.chunked]
@@ -313,6 +316,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
             for i in items:
                 R[i].generated += 1
                 if R[i].generated == R[i].out:
+                    w.running.remove(i)
                     finish(w, i, now, finished)
         w.step, w.end = None, math.inf
         return finished
