@@ -227,7 +227,9 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                     if chunk == NO_CHUNK_LIMIT and batch and n_total >= rem_input:
                         break
                     want = P - c0 + q.out + 1 + extra
-                    new = min(P - p, rem_chunk) if per_chunk else P - p
+                    new = max(P - p, 1)  # a fully cached prompt recomputes its last token: one new slot
+                    if per_chunk:
+                        new = min(new, rem_chunk)
                     phys_i = phys + new + q.out
                     node = w.cache.match_prefix(key[: P - 1]).last_node
                     w.cache.inc_lock_ref(node)
