@@ -2,10 +2,10 @@
 
 The grid of an experiment lives in `hydra.sweeper.params` (conf/exp/<name>.yaml); the
 command line adds overrides (which may themselves be sweeps: `seed=0,1`). Expansion uses
-Hydra's own override parser and the basic sweeper's split (repro.harness.hydra_adapter), fed in the very order the
-basic sweeper uses (sweeper params first, then the command-line overrides; a later override
-of the same key replaces the earlier one), so that `python -m repro.run +exp=X` and
-`python -m repro.run -m +exp=X` compose exactly the same cells, with the same overrides in
+Hydra's own override parser and the basic sweeper's split (repro.harness.hydra_adapter), fed in
+the very order the basic sweeper uses (sweeper params first, then the command-line overrides; a
+later override of the same key replaces the earlier one), so that `python -m repro.run +exp=X`
+and `python -m repro.run -m +exp=X` compose exactly the same cells, with the same overrides in
 the same order — hence the same resolved configs and the same run signatures.
 """
 
