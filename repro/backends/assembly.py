@@ -17,6 +17,10 @@ seed; a backend hands the simulator (or its live processes) these plain ints. Re
 checked against the capacities here (validate_requests), before any simulation or process
 starts; the simulator trusts what it is given.
 
+One config form: plain mappings, resolved once where a config comes in (`plan_cell`, `assemble`
+take an OmegaConf node too and resolve it there); the part builders and the component packages
+get plain mappings.
+
 Component packages are looked up when a part is built (importlib), not at import time: the
 backends' tests replace builders on those modules, validation's tests replace whole modules.
 """
@@ -114,13 +118,6 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def _node(part: Any) -> Any:
-    """A config node as the component builders take it (an OmegaConf node; plain mappings wrapped)."""
-    from omegaconf import OmegaConf
-
-    return part if OmegaConf.is_config(part) else OmegaConf.create(to_plain(part) if part is not None else {})
-
-
 # --------------------------------------------------------------------------- part builders
 def num_workers(cfg: Mapping) -> int:
     return positive_int(cfg["cluster"]["num_workers"], "cluster.num_workers")
@@ -128,14 +125,13 @@ def num_workers(cfg: Mapping) -> int:
 
 def scheduler_config(cfg: Mapping) -> SchedulerConfig:
     """cluster.scheduler -> SchedulerConfig (missing keys: its defaults; unknown keys: an error)."""
-    return SchedulerConfig.from_config(to_plain(cfg["cluster"].get("scheduler")))
+    return SchedulerConfig.from_config(cfg["cluster"].get("scheduler"))
 
 
 def kv_capacities(cfg: Mapping, num_workers: int) -> list[int]:
     """Per-worker KV capacity in tokens: cluster.kv_cache_tokens if set, else the memory formula."""
     explicit = cfg["cluster"].get("kv_cache_tokens")
     if explicit is not None:
-        explicit = to_plain(explicit)
         if isinstance(explicit, (list, tuple)):
             if len(explicit) != num_workers:
                 raise ValueError(
@@ -146,24 +142,24 @@ def kv_capacities(cfg: Mapping, num_workers: int) -> list[int]:
     frac = cfg["cluster"].get("mem_fraction")
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
         raise ValueError(f"cluster.mem_fraction must be in (0, 1], got {frac!r}")
-    cap = _module("repro.costmodel").kv_capacity_tokens(_node(cfg["model"]), _node(cfg["hardware"]), float(frac))
+    cap = _module("repro.costmodel").kv_capacity_tokens(cfg["model"], cfg["hardware"], float(frac))
     return [positive_int(cap, "kv_capacity_tokens(model, hardware, mem_fraction)")] * num_workers
 
 
 def build_cost_model(cfg: Mapping) -> Any:
     """The step-cost model of conf/model + conf/hardware (repro.costmodel.StepCostModel)."""
-    return _module("repro.costmodel").StepCostModel.from_config(_node(cfg["model"]), _node(cfg["hardware"]))
+    return _module("repro.costmodel").StepCostModel.from_config(cfg["model"], cfg["hardware"])
 
 
 def build_workload(cfg: Mapping, seeds: SeedPlan) -> Any:
     """The cell's workload (repro.workloads.build_workload, memoised per process and on disk)."""
-    return _module("repro.workloads").build_workload(_node(cfg["workload"]), seeds.workload)
+    return _module("repro.workloads").build_workload(cfg["workload"], seeds.workload)
 
 
 def build_caches(cfg: Mapping, capacities: Sequence[int], seeds: SeedPlan) -> list:
     """One radix cache per worker, each with its own eviction seed."""
     make_cache = _module("repro.kvcache").make_cache
-    eviction = _node(cfg["eviction"])
+    eviction = cfg["eviction"]
     return [make_cache(cap, eviction, s) for cap, s in zip(capacities, seeds.workers)]
 
 
@@ -209,7 +205,7 @@ def build_router(router_cfg: Mapping) -> Any:
     if errs:
         target = router_cfg.get("_target_") if isinstance(router_cfg, Mapping) else None
         raise ValueError(f"router ({target}): " + "; ".join(errs))
-    return hydra.utils.instantiate(_node(router_cfg))
+    return hydra.utils.instantiate(router_cfg)
 
 
 # --------------------------------------------------------------------------- a whole cell
@@ -242,6 +238,7 @@ class Cell:
 
 def plan_cell(cfg: Mapping) -> CellPlan:
     """Everything checkable from the config alone, in order; ValueError on the first problem."""
+    cfg = to_plain(cfg)
     m = num_workers(cfg)
     scheduler = scheduler_config(cfg)
     seeds = SeedPlan.spawn(cfg["seed"], m)
@@ -258,6 +255,7 @@ def assemble(cfg: Mapping, *, components: bool = True, wrap_router: Callable[[An
     `wrap_router(router)` may return a wrapper the cell routes through instead (diagnostics
     record every decision this way).
     """
+    cfg = to_plain(cfg)
     plan = plan_cell(cfg)
     cost_model = build_cost_model(cfg) if components else None
     workload = build_workload(cfg, plan.seeds)
@@ -282,8 +280,8 @@ def cell_provenance(cfg: Mapping, cell: Cell) -> dict:
         "num_workers": plan.num_workers,
         "kv_capacity_tokens": list(plan.capacities),
         "scheduler": asdict(plan.scheduler),
-        "router": to_plain(cfg.get("router")),
-        "eviction": to_plain(cfg.get("eviction")),
+        "router": cfg.get("router"),
+        "eviction": cfg.get("eviction"),
     }
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omegaconf import DictConfig
-
 from repro.backends import assembly
 from repro.backends.base import CellResult
+from repro.confutil import to_plain
 from repro.metrics import WORKER_BUSY_KEY
 from repro.sim.cluster import SimCluster, StateSampler
 
@@ -25,15 +24,17 @@ PLAIN_CONFIG = True  # the assembly takes plain mappings (as validation gives th
 
 
 def run_cell(
-    cfg: DictConfig | Mapping,
+    cfg: Mapping,
     progress: Callable[[float], None] | None = None,
     wrap_router: Callable[[Any], Any] | None = None,
 ) -> CellResult:
     """Simulate one grid cell; `progress(fraction finished)` is called now and then.
 
     `wrap_router(router)` may return a wrapper the cell routes through instead (diagnostics
-    record every decision this way: repro/analysis/decisions.py).
+    record every decision this way: repro/analysis/decisions.py). `cfg`: plain mappings (an OmegaConf
+    node is resolved here, once).
     """
+    cfg = to_plain(cfg)
     cell = assembly.assemble(cfg, wrap_router=wrap_router)
     plan = cell.plan
     sim = SimCluster(

@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repro.harness.grid import Cell
+from repro.harness.hydra_adapter import HydraVersionError, apply_value_overrides, config_repository
 from repro.harness.validate import ConfigError, format_errors
 from repro.results import run_signature
 
@@ -63,7 +64,7 @@ class GridComposer:
 
     Hydra composes a config in two steps: the defaults list (config-group choices) is merged,
     then plain value overrides (`seed=1`, `workload.request_rate=8`) are applied to the result
-    by ConfigLoaderImpl._apply_overrides_to_config. A grid usually varies a few values over a
+    (repro.harness.hydra_adapter.apply_value_overrides). A grid usually varies a few values over a
     few group choices, so this composes each distinct set of group overrides once and applies
     the value overrides to a copy with Hydra's own function — the same two steps in the same
     order (about 20x fewer compositions for fig2's 72 cells). An override that could be a
@@ -86,11 +87,10 @@ class GridComposer:
         """Hydra's config repository for this search path (hydra.searchpath overrides included)."""
         if hydra_overrides not in self._repos:
             try:
-                from hydra.core.global_hydra import GlobalHydra
-
-                loader = GlobalHydra.instance().config_loader()
-                _, repo = loader._parse_overrides_and_create_caching_repo(self.config_name, list(hydra_overrides))
-            except Exception:  # unknown internals: every override then takes full composition
+                repo = config_repository(self.config_name, hydra_overrides)
+            except HydraVersionError:
+                raise
+            except Exception:  # no repository here: every override then takes full composition
                 repo = None
             self._repos[hydra_overrides] = repo
         return self._repos[hydra_overrides]
@@ -107,7 +107,6 @@ class GridComposer:
     def __call__(self, overrides: Sequence[str]) -> DictConfig:
         import copy
 
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(list(overrides))
@@ -127,7 +126,7 @@ class GridComposer:
             cfg = self._compose(overrides, with_hydra=False)
         else:
             cfg = copy.deepcopy(base)
-            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            apply_value_overrides(values, cfg)
         canonical_types(cfg, base, [ov.key_or_group.lstrip("+~") for ov in values])
         return cfg
 

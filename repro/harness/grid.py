@@ -2,10 +2,10 @@
 
 The grid of an experiment lives in `hydra.sweeper.params` (conf/exp/<name>.yaml); the
 command line adds overrides (which may themselves be sweeps: `seed=0,1`). Expansion uses
-Hydra's own override parser and BasicSweeper.split_arguments, fed in the very order the
-basic sweeper uses (sweeper params first, then the command-line overrides; a later override
-of the same key replaces the earlier one), so that `python -m repro.run +exp=X` and
-`python -m repro.run -m +exp=X` compose exactly the same cells, with the same overrides in
+Hydra's own override parser and the basic sweeper's split (repro.harness.hydra_adapter), fed in
+the very order the basic sweeper uses (sweeper params first, then the command-line overrides; a
+later override of the same key replaces the earlier one), so that `python -m repro.run +exp=X`
+and `python -m repro.run -m +exp=X` compose exactly the same cells, with the same overrides in
 the same order — hence the same resolved configs and the same run signatures.
 """
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from repro.harness.hydra_adapter import split_sweep
 
 
 @dataclass
@@ -45,7 +46,7 @@ def expand_grid(params: Mapping[str, Any] | None, overrides: Sequence[str], conf
     """Cells of the cartesian product, in the basic sweeper's order (last key varies fastest)."""
     parser = OverridesParser.create(config_loader=config_loader)
     parsed = parser.parse_overrides(sweeper_arguments(params, overrides))
-    (batches,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    batches = split_sweep(parsed)
     values: dict[str, set[str]] = {}
     for job in batches:
         for item in job:

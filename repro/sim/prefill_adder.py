@@ -207,7 +207,8 @@ class SglangPrefillAdder(PrefillAdder):
         out = t.output_len[i]
         plen = t.prompt_len[i]
         want = plen - c0 + out + 1 + self.extra
-        phys = self.pass_phys + self.insertion.allocated_tokens(plen - p, rem_chunk) + out
+        # a fully cached prompt recomputes its last token (the match is capped at len - 1): one new slot
+        phys = self.pass_phys + self.insertion.allocated_tokens(plen - p if p < plen else 1, rem_chunk) + out
         if rm is not None and p < plen and self._access_path is not None:
             # the match of the prompt capped at len - 1 ends where this pass's rank match did
             # (p < len): access that path again instead of walking a copy of the capped key

@@ -379,8 +379,8 @@ def _gc_paused():
 
 
 def resolve_spec(workload_cfg: Mapping) -> WorkloadSpec:
-    """Validated spec object for a composed `workload` config node."""
-    cfg = copy.deepcopy(to_plain(workload_cfg))
+    """Validated spec object for a composed `workload` config node (the spec copies what it keeps)."""
+    cfg = to_plain(workload_cfg)
     if not isinstance(cfg, Mapping):
         raise WorkloadConfigError(f"workload config must be a mapping, got {type(cfg).__name__}")
     target = cfg.get("_target_")

@@ -154,7 +154,7 @@ def fake_workloads(monkeypatch):
     mod.builds = []
 
     def build_workload(cfg, seed):
-        mod.builds.append((cfg.name, seed))
+        mod.builds.append((cfg["name"], seed))
         return types.SimpleNamespace(max_request_tokens=1000)
 
     mod.build_workload = build_workload

@@ -19,9 +19,9 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 def _router_class(path: Path) -> type:
     """The class a conf/router/*.yaml names by `_target_` (imported, not built)."""
-    from hydra._internal.utils import _locate
+    from hydra.utils import get_object
 
-    return _locate(yaml.safe_load(path.read_text())["_target_"])
+    return get_object(yaml.safe_load(path.read_text())["_target_"])
 
 
 # Derived from conf/ (issue 32 point 2): a new router is its class plus its YAML, no list to edit.

@@ -44,6 +44,7 @@ class _Worker:
     queue: list = field(default_factory=list)
     chunked: int | None = None
     reserved: int = 0
+    running: list = field(default_factory=list)  # SGLang's running batch: in the order requests joined it
     uncomputed: set = field(default_factory=set)
     alloc: int = 0  # per_chunk: KV allocated by the running prefill step, in the tree when it ends
     step: object = None  # ("prefill", [(i, n)]) or ("decode", [i...]) while busy
@@ -227,7 +228,9 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                     if chunk == NO_CHUNK_LIMIT and batch and n_total >= rem_input:
                         break
                     want = P - c0 + q.out + 1 + extra
-                    new = min(P - p, rem_chunk) if per_chunk else P - p
+                    new = max(P - p, 1)  # a fully cached prompt recomputes its last token: one new slot
+                    if per_chunk:
+                        new = min(new, rem_chunk)
                     phys_i = phys + new + q.out
                     node = w.cache.match_prefix(key[: P - 1]).last_node
                     w.cache.inc_lock_ref(node)
@@ -270,7 +273,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
             dur = cost_model.step_time_s(tokens, attn, 0, 0)
             w.step = ("prefill", batch)
         else:
-            running = [i for i, q in enumerate(R) if q.phase == "running" and W[q.worker] is w]
+            running = list(w.running)
             if not running:
                 return False
             ctx = sum(len(R[i].prompt) + R[i].generated for i in running)
@@ -308,6 +311,8 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
                 q.first, q.generated, q.phase = now, 1, "running"
                 if q.out == 1:
                     finish(w, i, now, finished)
+                else:
+                    w.running.append(i)
             w.uncomputed = set()
             if w.chunked is not None and not per_chunk:  # per_chunk: its uncomputed rest is not in the tree
                 q = R[w.chunked]
@@ -317,6 +322,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
             for i in items:
                 R[i].generated += 1
                 if R[i].generated == R[i].out:
+                    w.running.remove(i)
                     finish(w, i, now, finished)
         w.step, w.end = None, math.inf
         return finished

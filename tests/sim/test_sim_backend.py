@@ -31,7 +31,7 @@ def fake_parts(monkeypatch):
 
     def build_workload(cfg, seed):
         CALLS.setdefault("workload_seeds", []).append(seed)
-        reqs = gsp_requests(seed % 1000, num_groups=cfg.num_groups, per_group=4, rate=50.0)
+        reqs = gsp_requests(seed % 1000, num_groups=cfg["num_groups"], per_group=4, rate=50.0)
         return SimpleNamespace(requests=reqs, provenance={"source": "fake-gsp", "seed": seed})
 
     def make_cache(capacity, eviction_cfg, seed):
@@ -41,10 +41,10 @@ def fake_parts(monkeypatch):
     class StepCostModel(FixedCostModel):
         @classmethod
         def from_config(cls, model_cfg, hardware_cfg):
-            return cls(base_s=0.003, prefill_token_s=float(hardware_cfg.sec_per_token), decode_seq_s=0.001)
+            return cls(base_s=0.003, prefill_token_s=float(hardware_cfg["sec_per_token"]), decode_seq_s=0.001)
 
     def kv_capacity_tokens(model_cfg, hardware_cfg, mem_fraction):
-        return int(hardware_cfg.memory_tokens * mem_fraction)
+        return int(hardware_cfg["memory_tokens"] * mem_fraction)
 
     monkeypatch.setattr(repro.workloads, "build_workload", build_workload, raising=False)
     monkeypatch.setattr(repro.kvcache, "make_cache", make_cache, raising=False)
