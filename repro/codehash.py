@@ -65,8 +65,12 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 
@@ -274,8 +278,11 @@ def code_fingerprint(roots: Sequence[str], *, root_dir: Path, exclude: Sequence[
     for p in data_files:
         owner = next(files[f] for f in files if f.name == "__init__.py" and p.is_relative_to(f.parent))
         data[p.relative_to(owner).as_posix()] = file_sha256(p)
-    value = {"code": dict(sorted(code.items())), "package_data": dict(sorted(data.items())),
-             "versions": {"python": PYTHON_VERSION, **dict(sorted(versions.items()))}}
+    value = {
+        "code": dict(sorted(code.items())),
+        "package_data": dict(sorted(data.items())),
+        "versions": {"python": PYTHON_VERSION, **dict(sorted(versions.items()))},
+    }
     _closure_memo[key] = {"watched": watched, "stamp": stamp, "value": value}
     return value
 
@@ -290,5 +297,13 @@ def _stamp(paths: Sequence[Path]) -> tuple:
     return tuple(out)
 
 
-__all__ = ["PYTHON_VERSION", "code_fingerprint", "file_sha256", "import_closure", "module_file",
-           "module_origin", "package_data_files", "stat_identity"]
+__all__ = [
+    "PYTHON_VERSION",
+    "code_fingerprint",
+    "file_sha256",
+    "import_closure",
+    "module_file",
+    "module_origin",
+    "package_data_files",
+    "stat_identity",
+]

@@ -81,15 +81,13 @@ def _run_grid(cfg: DictConfig) -> int:
     params = OmegaConf.to_container(hc.sweeper.params, resolve=True) if hc.sweeper.get("params") is not None else None
     prepared: PreparedArgv = _state["prepared"]
     if not any(o.split("=", 1)[0].lstrip("+") == "exp" for o in prepared.overrides):
-        print(f"repro.run: no +exp=NAME given: the default cell(s) go to {cfg.results_dir}/{cfg.exp_name}/ "
-              f"(experiments: conf/exp/)", file=sys.stderr)
-    try:
-        return run_sweep(
-            params,
-            prepared.overrides,
-            hydra_compose(hc.job.config_name),
-            dry_run=prepared.dry_run,
+        print(
+            f"repro.run: no +exp=NAME given: the default cell(s) go to {cfg.results_dir}/{cfg.exp_name}/ "
+            f"(experiments: conf/exp/)",
+            file=sys.stderr,
         )
+    try:
+        return run_sweep(params, prepared.overrides, hydra_compose(hc.job.config_name), dry_run=prepared.dry_run)
     except ConfigError as exc:
         print(f"repro.run: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,6 @@ from repro.confutil import CONF_DIR
 from repro.fileio import write_atomic
 
 
-
 def compose_cell(overrides: Sequence[str]):
     """The resolved cell config for `overrides` (conf/config.yaml + overrides), without running Hydra's app."""
     from hydra import compose, initialize_config_dir

@@ -42,8 +42,19 @@ class DiagnosticRouter(Router):
         self.completions: dict[int, dict] = {}
         self.thetas: list[tuple[float, int, np.ndarray]] = []
 
-    COLUMNS = ("hit_tracked", "hit_true", "service_s", "load_s", "residual_s", "predicted_s",
-               "waiting", "running", "in_flight", "waiting_prefill_tokens", "prefill_pred_s")
+    COLUMNS = (
+        "hit_tracked",
+        "hit_true",
+        "service_s",
+        "load_s",
+        "residual_s",
+        "predicted_s",
+        "waiting",
+        "running",
+        "in_flight",
+        "waiting_prefill_tokens",
+        "prefill_pred_s",
+    )
 
     def reset(self, workers, seed):
         self.inner.reset(workers, seed)
@@ -85,15 +96,26 @@ class DiagnosticRouter(Router):
             svc, plen = self.inner.service, len(request.prompt_tokens)  # S's prefill part (the rest: decode)
             rows[:, 10] = [svc.prefill(svc.class_of[i], plen, int(h)) for i, h in enumerate(hits)]
         choice = self.inner.select_worker(request, workers, now_s)
-        self.decisions.append({"id": request.id, "now_s": now_s, "worker": int(choice),
-                               "prompt_tokens": len(request.prompt_tokens), "group": request.group_id})
+        self.decisions.append(
+            {
+                "id": request.id,
+                "now_s": now_s,
+                "worker": int(choice),
+                "prompt_tokens": len(request.prompt_tokens),
+                "group": request.group_id,
+            }
+        )
         self.per_worker.append(rows)
         return choice
 
     def on_request_complete(self, request, worker_id, latency_s, ttft_s, cached_tokens, now_s=None):
         self.inner.on_request_complete(request, worker_id, latency_s, ttft_s, cached_tokens, now_s)
-        self.completions[request.id] = {"latency_s": latency_s, "ttft_s": ttft_s, "cached_tokens": cached_tokens,
-                                        "finish_s": now_s}
+        self.completions[request.id] = {
+            "latency_s": latency_s,
+            "ttft_s": ttft_s,
+            "cached_tokens": cached_tokens,
+            "finish_s": now_s,
+        }
         learner = getattr(self.inner, "learner", None)
         if learner is not None:
             self.thetas.append((now_s, worker_id, learner.theta[worker_id].copy()))
@@ -220,11 +242,14 @@ def summarise_decisions(d: pd.DataFrame, m: int) -> dict:
         moved = (tbest != ch) & (tracked_all[idx, tbest] > tracked_all[idx, ch])
         out["moved_from_tracked_prefix_frac"] = float(moved.mean())
         if moved.any():
+
             def term(name):
                 a = np.stack([d[f"{name}_w{i}"].to_numpy() for i in range(m)], axis=1)
                 return a[idx, tbest][moved] - a[idx, ch][moved]
 
-            out["moved_delta_S_mean_s"] = float(np.mean(term("service_s")))  # > 0: prefix worker slower to serve?? (< 0 normally)
+            out["moved_delta_S_mean_s"] = float(
+                np.mean(term("service_s"))
+            )  # > 0: prefix worker slower to serve?? (< 0 normally)
             out["moved_delta_P_mean_s"] = float(np.mean(term("load_s")))
             out["moved_delta_r_mean_s"] = float(np.mean(term("residual_s")))
             # How many moves the residual alone decided (without r the prefix worker would win).

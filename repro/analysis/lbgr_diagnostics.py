@@ -36,7 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tune_main(argv[1:])
     if argv[:1] == ["highload"]:
         return highload_main(argv[1:])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the cell (policy=lbgr_lru seed=100 ...)")
     ap.add_argument("--out", type=Path, help="write decisions.parquet, thetas.parquet, diagnostics.json here")
     ap.add_argument("--quiet", action="store_true")
@@ -49,11 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     th = rec.theta_table()
     if len(th):
         last = th.groupby("worker").tail(1).set_index("worker")
-        result["theta_final"] = {int(w): [round(float(v), 4) for v in row] for w, row in
-                                 last.filter(like="theta").iterrows()}
+        result["theta_final"] = {
+            int(w): [round(float(v), 4) for v in row] for w, row in last.filter(like="theta").iterrows()
+        }
         half = th[th["now_s"] >= th["now_s"].median()]
-        result["theta_second_half_mean"] = {int(w): [round(float(v), 4) for v in g.filter(like="theta").mean()]
-                                            for w, g in half.groupby("worker")}
+        result["theta_second_half_mean"] = {
+            int(w): [round(float(v), 4) for v in g.filter(like="theta").mean()] for w, g in half.groupby("worker")
+        }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         d.to_parquet(args.out / "decisions.parquet")

@@ -43,12 +43,21 @@ WORKLOADS = ("gsp",)
 OUT = Path("results_analysis/lbgr_highload")
 
 
-def cell_overrides(policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (),
-                   workload: str = "gsp") -> list[str]:
+def cell_overrides(
+    policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (), workload: str = "gsp"
+) -> list[str]:
     """The cell's Hydra overrides; budget None: the workload's limited budget."""
     kv = f"${{limited_kv_cache_tokens.{workload}}}" if budget is None else budget
-    return ["exp=regime_map", f"workload={workload}", f"policy={policy}", f"workload.request_rate={rate}",
-            f"cluster.kv_cache_tokens={kv}", f"seed={seed}", "tracking=disabled", *extra]
+    return [
+        "exp=regime_map",
+        f"workload={workload}",
+        f"policy={policy}",
+        f"workload.request_rate={rate}",
+        f"cluster.kv_cache_tokens={kv}",
+        f"seed={seed}",
+        "tracking=disabled",
+        *extra,
+    ]
 
 
 def request_frame(d: pd.DataFrame) -> pd.DataFrame:
@@ -90,27 +99,32 @@ def cell_row(d: pd.DataFrame, m: int, busy_s: Sequence[float], prefill_busy_s: S
     e = d["predicted_s_chosen"].to_numpy()
     if np.isfinite(e).any():
         p = d["load_s_chosen"].to_numpy()
-        row.update({
-            "E_mean_s": float(e.mean()),
-            "E_bias_s": float(np.mean(lat - e)),  # > 0: LBGR underestimates
-            "E_mae_s": float(np.mean(np.abs(lat - e))),
-            "E_corr": fit_line(e, lat)[2],
-            "S_prefill_pred_s": float(d["prefill_pred_s_chosen"].mean()),
-            "S_decode_pred_s": float(d["decode_pred_s"].mean()),
-            "P_mean_s": float(p.mean()),
-            "r_mean_s": float(d["residual_s_chosen"].mean()),
-            "P_bias_s": float(np.mean(wait - p)),  # > 0: P below the realised queue wait
-            "P_wait_corr": fit_line(p, wait)[2],
-            "tracker_overestimates_frac": diag["tracker_overestimates_frac"],
-            "moved_by_load_frac": diag.get("moved_decided_by_load_frac", np.nan) * diag["moved_from_tracked_prefix_frac"],
-            "moved_by_residual_frac": (diag.get("moved_decided_by_residual_frac", np.nan)
-                                       * diag["moved_from_tracked_prefix_frac"]),
-        })
+        row.update(
+            {
+                "E_mean_s": float(e.mean()),
+                "E_bias_s": float(np.mean(lat - e)),  # > 0: LBGR underestimates
+                "E_mae_s": float(np.mean(np.abs(lat - e))),
+                "E_corr": fit_line(e, lat)[2],
+                "S_prefill_pred_s": float(d["prefill_pred_s_chosen"].mean()),
+                "S_decode_pred_s": float(d["decode_pred_s"].mean()),
+                "P_mean_s": float(p.mean()),
+                "r_mean_s": float(d["residual_s_chosen"].mean()),
+                "P_bias_s": float(np.mean(wait - p)),  # > 0: P below the realised queue wait
+                "P_wait_corr": fit_line(p, wait)[2],
+                "tracker_overestimates_frac": diag["tracker_overestimates_frac"],
+                "moved_by_load_frac": diag.get("moved_decided_by_load_frac", np.nan)
+                * diag["moved_from_tracked_prefix_frac"],
+                "moved_by_residual_frac": (
+                    diag.get("moved_decided_by_residual_frac", np.nan) * diag["moved_from_tracked_prefix_frac"]
+                ),
+            }
+        )
     return row
 
 
-def run_cell_diag(policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (),
-                  workload: str = "gsp") -> tuple[dict, pd.DataFrame]:
+def run_cell_diag(
+    policy: str, rate: float, budget: int | None, seed: int, extra: Sequence[str] = (), workload: str = "gsp"
+) -> tuple[dict, pd.DataFrame]:
     """(cell row, request frame) of one cell."""
     cfg = compose_cell(cell_overrides(policy, rate, budget, seed, extra, workload))
     summary, rec = run_instrumented(cfg)
@@ -122,9 +136,15 @@ def run_cell_diag(policy: str, rate: float, budget: int | None, seed: int, extra
     return row, d
 
 
-def highload(rates=RATES, seeds=SEEDS, budget: int | None = None, systems: Sequence[str] = tuple(SYSTEMS),
-             extra: Sequence[str] = (), workloads: Sequence[str] = WORKLOADS,
-             variants: Sequence[str] = ("",)) -> tuple[pd.DataFrame, pd.DataFrame]:
+def highload(
+    rates=RATES,
+    seeds=SEEDS,
+    budget: int | None = None,
+    systems: Sequence[str] = tuple(SYSTEMS),
+    extra: Sequence[str] = (),
+    workloads: Sequence[str] = WORKLOADS,
+    variants: Sequence[str] = ("",),
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells: one row per workload x rate x system x variant x seed, requests: one row per routed
     request); `extra`: Hydra overrides of every cell; `variants`: one more override each ("" = none)."""
     rows, frames = [], []
@@ -144,14 +164,28 @@ def highload(rates=RATES, seeds=SEEDS, budget: int | None = None, systems: Seque
 
 # (column, header, format) of table.md
 TABLE = (
-    ("p50_latency_s", "P50 s", ".3f"), ("hit_rate", "hit", ".3f"), ("miss_tokens_per_req", "miss tok/req", ".0f"),
-    ("busy_frac", "busy", ".2f"), ("prefill_busy_frac", "prefill busy", ".2f"), ("max_worker_share", "max share", ".3f"),
-    ("group_home_share", "group home", ".3f"), ("workers_per_group", "workers/group", ".2f"),
+    ("p50_latency_s", "P50 s", ".3f"),
+    ("hit_rate", "hit", ".3f"),
+    ("miss_tokens_per_req", "miss tok/req", ".0f"),
+    ("busy_frac", "busy", ".2f"),
+    ("prefill_busy_frac", "prefill busy", ".2f"),
+    ("max_worker_share", "max share", ".3f"),
+    ("group_home_share", "group home", ".3f"),
+    ("workers_per_group", "workers/group", ".2f"),
     ("chose_shorter_prefix_frac", "shorter prefix", ".3f"),
-    ("wait_mean_s", "wait", ".3f"), ("prefill_mean_s", "prefill", ".3f"), ("decode_mean_s", "decode", ".3f"),
-    ("E_mean_s", "E", ".3f"), ("E_bias_s", "E bias", "+.3f"), ("E_mae_s", "E MAE", ".3f"), ("E_corr", "corr(E,lat)", ".2f"),
-    ("S_prefill_pred_s", "S prefill", ".3f"), ("S_decode_pred_s", "S decode", ".3f"), ("P_mean_s", "P", ".3f"),
-    ("r_mean_s", "r", ".3f"), ("P_bias_s", "wait-P", "+.3f"), ("P_wait_corr", "corr(P,wait)", ".2f"),
+    ("wait_mean_s", "wait", ".3f"),
+    ("prefill_mean_s", "prefill", ".3f"),
+    ("decode_mean_s", "decode", ".3f"),
+    ("E_mean_s", "E", ".3f"),
+    ("E_bias_s", "E bias", "+.3f"),
+    ("E_mae_s", "E MAE", ".3f"),
+    ("E_corr", "corr(E,lat)", ".2f"),
+    ("S_prefill_pred_s", "S prefill", ".3f"),
+    ("S_decode_pred_s", "S decode", ".3f"),
+    ("P_mean_s", "P", ".3f"),
+    ("r_mean_s", "r", ".3f"),
+    ("P_bias_s", "wait-P", "+.3f"),
+    ("P_wait_corr", "corr(P,wait)", ".2f"),
 )
 
 
@@ -163,16 +197,20 @@ def table_md(cells: pd.DataFrame) -> str:
     lines = [head, "|" + "---|" * (len(TABLE) + len(keys))]
     for _, r in mean.iterrows():
         vals = ["" if not np.isfinite(r.get(c, np.nan)) else format(r[c], f) for c, _, f in TABLE]
-        lines.append(f"| {r['workload']} | {r['budget']:.0f} | {r['rate']:g} | {r['system']} | " + " | ".join(vals) + " |")
+        lines.append(
+            f"| {r['workload']} | {r['budget']:.0f} | {r['rate']:g} | {r['system']} | " + " | ".join(vals) + " |"
+        )
     seeds = ", ".join(str(s) for s in sorted(cells["seed"].unique()))
     extra = cells.attrs.get("extra") or ()
-    note = (f"Seed means over seeds {seeds}{''.join(', ' + e for e in extra)}; seconds. "
-            "wait / prefill / decode: the realised parts of the latency (their means add up to the mean "
-            "latency); E = S prefill + S decode + P + r: LBGR's prediction for the chosen worker; "
-            "E bias = mean(latency - E), wait-P = mean(queue wait - P); busy / prefill busy: mean fraction of the "
-            "makespan a worker spends in steps / in steps that prefill; shorter prefix: the chosen worker holds a shorter prefix "
-            "than another worker did at the decision; group home: share of requests on their prompt "
-            "group's most used worker.")
+    note = (
+        f"Seed means over seeds {seeds}{''.join(', ' + e for e in extra)}; seconds. "
+        "wait / prefill / decode: the realised parts of the latency (their means add up to the mean "
+        "latency); E = S prefill + S decode + P + r: LBGR's prediction for the chosen worker; "
+        "E bias = mean(latency - E), wait-P = mean(queue wait - P); busy / prefill busy: mean fraction of the "
+        "makespan a worker spends in steps / in steps that prefill; shorter prefix: the chosen worker holds a shorter prefix "
+        "than another worker did at the decision; group home: share of requests on their prompt "
+        "group's most used worker."
+    )
     return "\n".join([note, "", *lines]) + "\n"
 
 
@@ -180,7 +218,9 @@ def highload_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    ap.add_argument("--budget", type=int, default=None, help="KV tokens per worker (default: the workload's limited budget)")
+    ap.add_argument(
+        "--budget", type=int, default=None, help="KV tokens per worker (default: the workload's limited budget)"
+    )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join({**SYSTEMS, **MORE_SYSTEMS})}")
     ap.add_argument("--override", action="append", default=[], help="Hydra override for every cell (repeatable)")
@@ -195,8 +235,9 @@ def highload_main(argv: Sequence[str] | None = None) -> int:
     if args.vary:
         key, values = args.vary.split("=", 1)
         variants = [f"{key}={v}" for v in values.split(",")]
-    cells, requests = highload(rates, seeds, args.budget, args.systems.split(","), args.override,
-                               args.workloads.split(","), variants)
+    cells, requests = highload(
+        rates, seeds, args.budget, args.systems.split(","), args.override, args.workloads.split(","), variants
+    )
     cells.attrs["extra"] = args.override
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "cells.csv", cells.to_csv(index=False, float_format="%.6g"))

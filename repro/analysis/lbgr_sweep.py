@@ -21,20 +21,32 @@ from repro.analysis.cells import cached_run
 
 TUNING_SEEDS = (100, 101, 102)
 TUNING_CELLS = tuple(
-    [("workload=gsp", f"cluster.kv_cache_tokens={c}", f"workload.request_rate={r}")
-     for c in (16384, 32768) for r in (8.0, 12.0, 16.0, 20.0)]
-    + [("workload=sharegpt", f"cluster.kv_cache_tokens={c}", f"workload.request_rate={r}")
-       for c in (20480, 40960) for r in (8.0, 12.0, 16.0, 20.0)]
+    [
+        ("workload=gsp", f"cluster.kv_cache_tokens={c}", f"workload.request_rate={r}")
+        for c in (16384, 32768)
+        for r in (8.0, 12.0, 16.0, 20.0)
+    ]
+    + [
+        ("workload=sharegpt", f"cluster.kv_cache_tokens={c}", f"workload.request_rate={r}")
+        for c in (20480, 40960)
+        for r in (8.0, 12.0, 16.0, 20.0)
+    ]
     + [("workload=loogle", "workload.request_rate=12.0")]
-    + [("workload=gsp", "cluster.kv_cache_tokens=32768", "workload.request_rate=12.0", f"workload.output_len={o}")
-       for o in (32, 128)]  # the decode-heavy regime of fig12
+    + [
+        ("workload=gsp", "cluster.kv_cache_tokens=32768", "workload.request_rate=12.0", f"workload.output_len={o}")
+        for o in (32, 128)
+    ]  # the decode-heavy regime of fig12
 )
 EVALUATION_SEEDS = (0, 1, 2)
 EVALUATION_CELLS = tuple(
-    [(f"workload={w}", f"cluster.kv_cache_tokens=${{limited_kv_cache_tokens.{w}}}", "workload.request_rate=12.0")
-     for w in ("gsp", "sharegpt", "ultrachat", "loogle")]  # fig2
-    + [("workload=gsp", "cluster.kv_cache_tokens=${limited_kv_cache_tokens.gsp}", f"workload.request_rate={r}")
-       for r in (4.0, 8.0, 16.0, 20.0)]  # fig5 (its 12 req/s cell is fig2's GSP cell)
+    [
+        (f"workload={w}", f"cluster.kv_cache_tokens=${{limited_kv_cache_tokens.{w}}}", "workload.request_rate=12.0")
+        for w in ("gsp", "sharegpt", "ultrachat", "loogle")
+    ]  # fig2
+    + [
+        ("workload=gsp", "cluster.kv_cache_tokens=${limited_kv_cache_tokens.gsp}", f"workload.request_rate={r}")
+        for r in (4.0, 8.0, 16.0, 20.0)
+    ]  # fig5 (its 12 req/s cell is fig2's GSP cell)
 )
 CELL_SETS = {"tuning": (TUNING_CELLS, TUNING_SEEDS), "evaluation": (EVALUATION_CELLS, EVALUATION_SEEDS)}
 
@@ -70,8 +82,13 @@ def sweep(cell_set: str, policies: dict[str, Sequence[str]], cache_dir: Path, n_
                 ov = tuple(pol) + tuple(cell) + (f"seed={seed}", "tracking=disabled")
                 jobs.append((ov, str(cache_dir)))
                 vals = [c.split("=", 1)[1] for c in cell]
-                meta.append({"cell": " ".join("limited" if v.startswith("${") else v for v in vals),
-                             "seed": seed, "policy": label})
+                meta.append(
+                    {
+                        "cell": " ".join("limited" if v.startswith("${") else v for v in vals),
+                        "seed": seed,
+                        "policy": label,
+                    }
+                )
     if n_jobs > 1:
         with get_context("spawn").Pool(n_jobs) as pool:
             out = pool.map(_run_summary, jobs, chunksize=1)
@@ -105,8 +122,14 @@ def compare(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 def markdown_table(df: pd.DataFrame) -> str:
     """Per cell and policy, the mean over seeds of hit rate, P50/P95 latency and TTFT, throughput."""
-    cols = {"hit_rate": "hit", "latency_p50_s": "P50 lat (s)", "latency_p95_s": "P95 lat (s)",
-            "ttft_p50_s": "P50 TTFT (s)", "ttft_p95_s": "P95 TTFT (s)", "throughput_rps": "tput (req/s)"}
+    cols = {
+        "hit_rate": "hit",
+        "latency_p50_s": "P50 lat (s)",
+        "latency_p95_s": "P95 lat (s)",
+        "ttft_p50_s": "P50 TTFT (s)",
+        "ttft_p95_s": "P95 TTFT (s)",
+        "throughput_rps": "tput (req/s)",
+    }
     g = df.groupby(["cell", "policy"], sort=False)[list(cols)].mean()
     lines = ["| cell | system | " + " | ".join(cols.values()) + " |", "|" + "---|" * (len(cols) + 2)]
     for (cell, pol), row in g.iterrows():
@@ -118,8 +141,13 @@ def markdown_table(df: pd.DataFrame) -> str:
 def sweep_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="lbgr_diagnostics sweep", description="protocol sweep: ratios to a baseline")
     ap.add_argument("cell_set", choices=sorted(CELL_SETS))
-    ap.add_argument("--variant", action="append", required=True, metavar="LABEL=OVERRIDES",
-                    help="a policy variant: label=space-separated Hydra overrides (repeatable; no '=' in the label)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        metavar="LABEL=OVERRIDES",
+        help="a policy variant: label=space-separated Hydra overrides (repeatable; no '=' in the label)",
+    )
     ap.add_argument("--baseline", default="CacheAware+LRU=policy=cache_aware_lru", metavar="LABEL=OVERRIDES")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/lbgr_sweep"))
     ap.add_argument("--n-jobs", type=int, default=2)
@@ -134,8 +162,9 @@ def sweep_main(argv: Sequence[str]) -> int:
     base = args.baseline.partition("=")[0]
     pd.set_option("display.width", 200)
     if args.per_cell:
-        piv = df.pivot_table(index=["cell", "seed"], columns="policy",
-                             values=["latency_p50_s", "latency_p95_s", "hit_rate"], sort=False)
+        piv = df.pivot_table(
+            index=["cell", "seed"], columns="policy", values=["latency_p50_s", "latency_p95_s", "hit_rate"], sort=False
+        )
         print(piv.round(3).to_string())
     if args.markdown:
         print(markdown_table(df))

@@ -28,14 +28,18 @@ from repro.analysis.lbgr_sweep import TUNING_SEEDS
 
 TUNE_RATES = (4.0, 8.0, 12.0, 16.0, 20.0)
 TUNE_CELLS = tuple(
-    [(f"workload={w}", f"cluster.kv_cache_tokens={kv}", f"workload.request_rate={r}")
-     for w, half in (("gsp", 16384), ("sharegpt", 20480), ("ultrachat", 32768))
-     for kv in (half, f"${{limited_kv_cache_tokens.{w}}}") for r in TUNE_RATES]  # half of / the limited budget
+    [
+        (f"workload={w}", f"cluster.kv_cache_tokens={kv}", f"workload.request_rate={r}")
+        for w, half in (("gsp", 16384), ("sharegpt", 20480), ("ultrachat", 32768))
+        for kv in (half, f"${{limited_kv_cache_tokens.{w}}}")
+        for r in TUNE_RATES
+    ]  # half of / the limited budget
     + [("workload=loogle", f"workload.request_rate={r}") for r in TUNE_RATES]  # memory-formula budget
 )
 # --quick: each workload at its limited budget, at the lowest and the highest rate, the first tuning seed
-QUICK_CELLS = tuple(c for c in TUNE_CELLS if c[-1].endswith(("=4.0", "=20.0"))
-                    and (c[0] == "workload=loogle" or "${" in c[1]))
+QUICK_CELLS = tuple(
+    c for c in TUNE_CELLS if c[-1].endswith(("=4.0", "=20.0")) and (c[0] == "workload=loogle" or "${" in c[1])
+)
 # Defaults grid of `scripts/lbgr_tune.sh`: one parameter at a time around conf/router/lbgr.yaml.
 TUNE_PARAMS = {
     "router.decay_factor": ("0.5", "0.6", "0.7", "0.9"),
@@ -94,7 +98,9 @@ def tune_variants(params: dict[str, Sequence[str]], design: str, defaults: dict[
         keys = list(params)
         out = {}
         for combo in itertools.product(*(params[k] for k in keys)):
-            out[" ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo))] = [f"{k}={v}" for k, v in zip(keys, combo)]
+            out[" ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo))] = [
+                f"{k}={v}" for k, v in zip(keys, combo)
+            ]
         return out
     out = {"defaults": []}
     for k, values in params.items():
@@ -114,8 +120,15 @@ def _same(a, b) -> bool:
         return str(a) == str(b)
 
 
-def tune(policy: str, variants: dict[str, list[str]], cells, seeds, cache_dir: Path, n_jobs: int = 2,
-         baseline: Sequence[str] = ("policy=cache_aware_lru",)) -> pd.DataFrame:
+def tune(
+    policy: str,
+    variants: dict[str, list[str]],
+    cells,
+    seeds,
+    cache_dir: Path,
+    n_jobs: int = 2,
+    baseline: Sequence[str] = ("policy=cache_aware_lru",),
+) -> pd.DataFrame:
     """One row per (variant, cell, seed): the summary's metrics and the prediction errors; the
     baseline's rows have variant "baseline"."""
     from multiprocessing import get_context
@@ -141,8 +154,13 @@ def tune(policy: str, variants: dict[str, list[str]], cells, seeds, cache_dir: P
         out = [_run_tune(j) for j in jobs]
     rows = []
     for m, o in zip(meta, out):
-        rows.append({**m, **{k: v for k, v in o["summary"].items() if isinstance(v, (int, float))},
-                     **{f"pred_{k}": v for k, v in o["pred"].items()}})
+        rows.append(
+            {
+                **m,
+                **{k: v for k, v in o["summary"].items() if isinstance(v, (int, float))},
+                **{f"pred_{k}": v for k, v in o["pred"].items()},
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -159,11 +177,13 @@ def tune_report(df: pd.DataFrame) -> pd.DataFrame:
         gi = g.set_index(["cell", "seed"])
         b = base.loc[gi.index]
         hi = g[g.high]
-        r = {"variant": v,
-             "pred_nmae": float(g["pred_nmae"].mean()),  # the selection objective (lower is better)
-             "pred_nmae_high": float(hi["pred_nmae"].mean()) if len(hi) else float("nan"),
-             "pred_bias": float(g["pred_bias"].mean()),
-             "pred_corr": float(g["pred_corr"].mean())}
+        r = {
+            "variant": v,
+            "pred_nmae": float(g["pred_nmae"].mean()),  # the selection objective (lower is better)
+            "pred_nmae_high": float(hi["pred_nmae"].mean()) if len(hi) else float("nan"),
+            "pred_bias": float(g["pred_bias"].mean()),
+            "pred_corr": float(g["pred_corr"].mean()),
+        }
         for m, short in (("latency_p50_s", "p50_ratio"), ("latency_p95_s", "p95_ratio")):
             lr = np.log(gi[m].to_numpy() / b[m].to_numpy())
             r[short] = float(np.exp(lr.mean()))
@@ -178,20 +198,37 @@ def tune_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="lbgr_diagnostics tune",
         description="LBGR tuning protocol: choose the free parameters by prediction error on the tuning cells "
-                    "(seeds 100-102), report the ratio to Cache-Aware+LRU too. Prints the table and the choice.")
-    ap.add_argument("--param", action="append", metavar="KEY=V1,V2,...",
-                    help="a router parameter and its candidate values (repeatable; default: TUNE_PARAMS)")
-    ap.add_argument("--design", choices=("oat", "factorial"), default="oat",
-                    help="oat: defaults + one parameter changed at a time (default); factorial: every combination")
+        "(seeds 100-102), report the ratio to Cache-Aware+LRU too. Prints the table and the choice.",
+    )
+    ap.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="a router parameter and its candidate values (repeatable; default: TUNE_PARAMS)",
+    )
+    ap.add_argument(
+        "--design",
+        choices=("oat", "factorial"),
+        default="oat",
+        help="oat: defaults + one parameter changed at a time (default); factorial: every combination",
+    )
     ap.add_argument("--policy", default="lbgr_rlt", help="the LBGR policy whose router is tuned (default lbgr_rlt)")
-    ap.add_argument("--quick", action="store_true",
-                    help="a small proof grid: 4 req/s and 20 req/s, one budget per workload, seed 100")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small proof grid: 4 req/s and 20 req/s, one budget per workload, seed 100",
+    )
     ap.add_argument("--seeds", default=",".join(map(str, TUNING_SEEDS)), help="tuning seeds (subset of 100,101,102)")
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/lbgr_tune"))
     ap.add_argument("--n-jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, help="write runs.csv and report.csv here")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="an extra Hydra override for every run (e.g. workload.num_queries=256 for a smoke test)")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra Hydra override for every run (e.g. workload.num_queries=256 for a smoke test)",
+    )
     a = ap.parse_args(argv)
     params: dict[str, Sequence[str]] = {}
     for spec in a.param or []:
@@ -223,16 +260,26 @@ def tune_main(argv: Sequence[str]) -> int:
         ap.error(str(exc))
     rep = tune_report(df)
     pd.set_option("display.width", 220)
-    print(f"{len(cells)} tuning cells x {len(seeds)} seed(s) x ({len(variants)} variants + baseline) = "
-          f"{len(df)} runs; policy {a.policy}; baseline CacheAware+LRU")
-    print("pred_nmae = sum|realised - predicted E| / sum realised latency of the chosen worker (mean over runs; "
-          "the objective); _high: cells at >= 16 req/s; p50/p95_ratio: geomean over runs vs the baseline")
+    print(
+        f"{len(cells)} tuning cells x {len(seeds)} seed(s) x ({len(variants)} variants + baseline) = "
+        f"{len(df)} runs; policy {a.policy}; baseline CacheAware+LRU"
+    )
+    print(
+        "pred_nmae = sum|realised - predicted E| / sum realised latency of the chosen worker (mean over runs; "
+        "the objective); _high: cells at >= 16 req/s; p50/p95_ratio: geomean over runs vs the baseline"
+    )
     print(rep.round(4).to_string())
     best = rep["pred_nmae"].idxmin()
-    print(f"chosen by prediction error: {best}  (pred_nmae {rep.loc[best, 'pred_nmae']:.4f} vs defaults "
-          f"{rep.loc['defaults', 'pred_nmae']:.4f})" if "defaults" in rep.index else f"chosen by prediction error: {best}")
-    print("passed-over workers: not measured (the simulator cannot tell a request's latency on a worker it was "
-          "not sent to without forking the run)")
+    print(
+        f"chosen by prediction error: {best}  (pred_nmae {rep.loc[best, 'pred_nmae']:.4f} vs defaults "
+        f"{rep.loc['defaults', 'pred_nmae']:.4f})"
+        if "defaults" in rep.index
+        else f"chosen by prediction error: {best}"
+    )
+    print(
+        "passed-over workers: not measured (the simulator cannot tell a request's latency on a worker it was "
+        "not sent to without forking the run)"
+    )
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         df.to_csv(a.out / "runs.csv", index=False)

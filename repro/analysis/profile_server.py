@@ -145,17 +145,23 @@ async def measure_pass(url: str, rng: random.Random, reps: int, decode_tokens: i
         for cached in PREFILL_CACHED:
             for new in PREFILL_NEW:
                 ts = [await prefill_time(session, url, rng, new, cached) for _ in range(reps)]
-                out["prefill"].append({"new_tokens": new, "cached_tokens": cached, "step_s": statistics.median(ts),
-                                       "runs_s": ts})
-                log(f"  prefill new={new:5d} cached={cached:5d}: {statistics.median(ts) * 1e3:8.2f} ms "
-                    f"(runs {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f})")
+                out["prefill"].append(
+                    {"new_tokens": new, "cached_tokens": cached, "step_s": statistics.median(ts), "runs_s": ts}
+                )
+                log(
+                    f"  prefill new={new:5d} cached={cached:5d}: {statistics.median(ts) * 1e3:8.2f} ms "
+                    f"(runs {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f})"
+                )
         for context in DECODE_CONTEXT:
             for batch in DECODE_BATCH:
                 ts = [await decode_time(session, url, rng, batch, context, decode_tokens) for _ in range(reps)]
-                out["decode"].append({"batch": batch, "context": context, "step_s": statistics.median(ts),
-                                      "runs_s": ts})
-                log(f"  decode batch={batch:3d} context={context:5d}: {statistics.median(ts) * 1e3:8.2f} ms "
-                    f"(runs {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f})")
+                out["decode"].append(
+                    {"batch": batch, "context": context, "step_s": statistics.median(ts), "runs_s": ts}
+                )
+                log(
+                    f"  decode batch={batch:3d} context={context:5d}: {statistics.median(ts) * 1e3:8.2f} ms "
+                    f"(runs {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f})"
+                )
     return out
 
 
@@ -181,10 +187,24 @@ def profile_entry(name: str, layers: int, raw: dict, head_s: dict[int, float]) -
         "model": name,
         "layers_total": layers,
         "layers_measured": layers,
-        "prefill": [{"new_tokens": p["new_tokens"], "cached_tokens": p["cached_tokens"],
-                     "per_layer_s": per_layer(p["step_s"], 1), "step_s": p["step_s"]} for p in raw["prefill"]],
-        "decode": [{"batch": d["batch"], "context": d["context"], "per_layer_s": per_layer(d["step_s"], d["batch"]),
-                    "step_s": d["step_s"]} for d in raw["decode"]],
+        "prefill": [
+            {
+                "new_tokens": p["new_tokens"],
+                "cached_tokens": p["cached_tokens"],
+                "per_layer_s": per_layer(p["step_s"], 1),
+                "step_s": p["step_s"],
+            }
+            for p in raw["prefill"]
+        ],
+        "decode": [
+            {
+                "batch": d["batch"],
+                "context": d["context"],
+                "per_layer_s": per_layer(d["step_s"], d["batch"]),
+                "step_s": d["step_s"],
+            }
+            for d in raw["decode"]
+        ],
         "head": [{"rows": r, "s": s} for r, s in sorted(head_s.items())],
         "moe": None,
     }
@@ -206,12 +226,23 @@ def _start_server(python: str, model_cfg: dict, hardware_cfg: dict, port: int, k
     if path is None:
         raise ProfileError(f"model {model_cfg.get('name')!r} has no local model directory to serve")
     hw = hardware_server(hardware_cfg)
-    cmd = sglang_server_command(resolve_python(python), path, "127.0.0.1", port, "lru", {},
-                                kv_cache_tokens=kv_tokens, mem_fraction=None, random_seed=1,
-                                load_format=model_cfg.get("load_format"), extra_args=hw["extra_args"])
+    cmd = sglang_server_command(
+        resolve_python(python),
+        path,
+        "127.0.0.1",
+        port,
+        "lru",
+        {},
+        kv_cache_tokens=kv_tokens,
+        mem_fraction=None,
+        random_seed=1,
+        load_format=model_cfg.get("load_format"),
+        extra_args=hw["extra_args"],
+    )
     env = dict(hw["env"], SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="false")
-    proc = ManagedProcess(ProcessSpec("profile-server", cmd, env, os.path.join(log_dir, "server.log"),
-                                      f"http://127.0.0.1:{port}/health"))
+    proc = ManagedProcess(
+        ProcessSpec("profile-server", cmd, env, os.path.join(log_dir, "server.log"), f"http://127.0.0.1:{port}/health")
+    )
     proc.start()
     try:
         wait_healthy([proc], timeout_s=900)
@@ -229,13 +260,23 @@ def _load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
-def build_profile(raw_passes: list[dict], torch_runs: list[dict], model_cfg: dict, *, url: str, load: str,
-                  reps: int, decode_tokens: int) -> dict:
+def build_profile(
+    raw_passes: list[dict],
+    torch_runs: list[dict],
+    model_cfg: dict,
+    *,
+    url: str,
+    load: str,
+    reps: int,
+    decode_tokens: int,
+) -> dict:
     arch = model_cfg["architecture"]
     layers = int(arch["num_layers"])
     name = model_cfg["profile_name"]
-    entries = [profile_entry(name, layers, raw, {int(k): v for k, v in t["head"].items()})
-               for raw, t in zip(raw_passes, torch_runs)]
+    entries = [
+        profile_entry(name, layers, raw, {int(k): v for k, v in t["head"].items()})
+        for raw, t in zip(raw_passes, torch_runs)
+    ]
     first = torch_runs[0]
     best = {k: max(t[k] for t in torch_runs) for k in ("bf16_gemm_tflops", "copy_tb_s")}  # ceilings: best run
     return {
@@ -318,8 +359,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if proc is not None:
                 proc.stop(15)
-    profile = build_profile(passes, torch_runs, model_cfg, url=url if args.url else "started by profile_server",
-                            load=load, reps=args.reps, decode_tokens=args.decode_tokens)
+    profile = build_profile(
+        passes,
+        torch_runs,
+        model_cfg,
+        url=url if args.url else "started by profile_server",
+        load=load,
+        reps=args.reps,
+        decode_tokens=args.decode_tokens,
+    )
     from repro.fileio import write_atomic
 
     out.parent.mkdir(parents=True, exist_ok=True)

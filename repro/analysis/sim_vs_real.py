@@ -78,8 +78,16 @@ def read_cell(path: Path, side: str, repeat: str) -> Cell:
     num_workers = int(cfg["cluster"]["num_workers"])
     workers = workers + (0,) * max(0, num_workers - len(workers))
     metrics = {m: float(summary[m]) for m, *_ in METRICS}
-    return Cell(side, repeat, str(summary["provenance"]["policy_name"]), rate, metrics, workers,
-                int(summary["num_failed"]), path)
+    return Cell(
+        side,
+        repeat,
+        str(summary["provenance"]["policy_name"]),
+        rate,
+        metrics,
+        workers,
+        int(summary["num_failed"]),
+        path,
+    )
 
 
 def collect(root: Path, exp: str = EXP, sim: str = "sim") -> list[Cell]:
@@ -99,7 +107,9 @@ def compare(cells: Iterable[Cell]) -> pd.DataFrame:
     """One row per (rate, system, metric): real mean/min/max/n, sim value, within target or not."""
     cells = list(cells)
     rows = []
-    keys = sorted({(c.rate, c.system) for c in cells}, key=lambda k: (k[0], SYSTEMS.index(k[1]) if k[1] in SYSTEMS else 99))
+    keys = sorted(
+        {(c.rate, c.system) for c in cells}, key=lambda k: (k[0], SYSTEMS.index(k[1]) if k[1] in SYSTEMS else 99)
+    )
     for rate, system in keys:
         real = [c for c in cells if c.side == "real" and (c.rate, c.system) == (rate, system)]
         sim = [c for c in cells if c.side == "sim" and (c.rate, c.system) == (rate, system)]
@@ -116,22 +126,52 @@ def compare(cells: Iterable[Cell]) -> pd.DataFrame:
                 ok = abs(simv / mean - 1) <= TIME_TOLERANCE if vals and simc and mean > 0 else None
             else:
                 ok = None
-            rows.append(dict(rate=rate, system=system, metric=label, unit=unit, real_n=len(vals), real_mean=mean,
-                             real_min=min(vals) if vals else math.nan, real_max=max(vals) if vals else math.nan,
-                             sim=simv, within=ok))
+            rows.append(
+                dict(
+                    rate=rate,
+                    system=system,
+                    metric=label,
+                    unit=unit,
+                    real_n=len(vals),
+                    real_mean=mean,
+                    real_min=min(vals) if vals else math.nan,
+                    real_max=max(vals) if vals else math.nan,
+                    sim=simv,
+                    within=ok,
+                )
+            )
         for k, label in ((0, "requests, busiest worker"), (-1, "requests, least busy worker")):
             vals = [c.workers[k] for c in real]
             simv = simc.workers[k] if simc else math.nan
             ok = (min(vals) <= simv <= max(vals)) if vals and simc else None
-            rows.append(dict(rate=rate, system=system, metric=label, unit="", real_n=len(vals),
-                             real_mean=sum(vals) / len(vals) if vals else math.nan,
-                             real_min=min(vals) if vals else math.nan, real_max=max(vals) if vals else math.nan,
-                             sim=simv, within=ok))
-        rows.append(dict(rate=rate, system=system, metric="failed requests", unit="", real_n=len(real),
-                         real_mean=sum(c.failed for c in real) / len(real) if real else math.nan,
-                         real_min=min((c.failed for c in real), default=math.nan),
-                         real_max=max((c.failed for c in real), default=math.nan),
-                         sim=simc.failed if simc else math.nan, within=None))
+            rows.append(
+                dict(
+                    rate=rate,
+                    system=system,
+                    metric=label,
+                    unit="",
+                    real_n=len(vals),
+                    real_mean=sum(vals) / len(vals) if vals else math.nan,
+                    real_min=min(vals) if vals else math.nan,
+                    real_max=max(vals) if vals else math.nan,
+                    sim=simv,
+                    within=ok,
+                )
+            )
+        rows.append(
+            dict(
+                rate=rate,
+                system=system,
+                metric="failed requests",
+                unit="",
+                real_n=len(real),
+                real_mean=sum(c.failed for c in real) / len(real) if real else math.nan,
+                real_min=min((c.failed for c in real), default=math.nan),
+                real_max=max((c.failed for c in real), default=math.nan),
+                sim=simc.failed if simc else math.nan,
+                within=None,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -158,8 +198,11 @@ def format_markdown(table: pd.DataFrame) -> str:
                     continue
                 r = r.iloc[0]
                 digits = 0 if "requests" in metric else 1
-                real = (f"{_num(r.real_mean, digits)} [{_num(r.real_min, digits)}–{_num(r.real_max, digits)}]"
-                        if r.real_n else "–")
+                real = (
+                    f"{_num(r.real_mean, digits)} [{_num(r.real_min, digits)}–{_num(r.real_max, digits)}]"
+                    if r.real_n
+                    else "–"
+                )
                 if 0 < r.real_n < n:  # fewer repeats of this system than of others
                     real += f" (n={int(r.real_n)})"
                 mark = {True: " ✓", False: " ✗"}.get(r.within, "")
@@ -185,8 +228,16 @@ def sim_folder(slowdown: float) -> str:
     return "sim" if slowdown == 1 else f"sim_slow{slowdown:g}"
 
 
-def run_cells(root: Path, rates: Sequence[float], repeats: int, python: str | None, skip_real: bool,
-              skip_sim: bool, extra: Sequence[str], slowdown: float = 1.0) -> None:
+def run_cells(
+    root: Path,
+    rates: Sequence[float],
+    repeats: int,
+    python: str | None,
+    skip_real: bool,
+    skip_sim: bool,
+    extra: Sequence[str],
+    slowdown: float = 1.0,
+) -> None:
     base = [sys.executable, "-m", "repro.run", f"+exp={EXP}"]
     sim_extra: list[str] = []
     if slowdown != 1:
@@ -229,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--python", default=None, help="the SGLang servers' interpreter (backend.server.python)")
     r.add_argument("--skip-real", action="store_true")
     r.add_argument("--skip-sim", action="store_true")
-    r.add_argument("--sim-slowdown", type=float, default=1.0,
-                   help="simulator cells with every step this many times longer, into <root>/sim_slow<F>")
+    r.add_argument(
+        "--sim-slowdown",
+        type=float,
+        default=1.0,
+        help="simulator cells with every step this many times longer, into <root>/sim_slow<F>",
+    )
     r.add_argument("overrides", nargs="*", help="more Hydra overrides for every cell (e.g. policy=lbgr_rlt)")
     t = sub.add_parser("table", help="write <root>/table.md from the cells")
     t.add_argument("--root", required=True)
@@ -245,8 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--sim-slowdown must be > 0")
         if not args.skip_real and not args.python:
             ap.error("--python (the SGLang servers' interpreter) is needed for the real cells (or --skip-real)")
-        run_cells(root, args.rates, args.repeats, args.python, args.skip_real, args.skip_sim, args.overrides,
-                  args.sim_slowdown)
+        run_cells(
+            root,
+            args.rates,
+            args.repeats,
+            args.python,
+            args.skip_real,
+            args.skip_sim,
+            args.overrides,
+            args.sim_slowdown,
+        )
         return 0
     try:
         table = compare(collect(root, sim=args.sim))

@@ -134,9 +134,7 @@ def kv_capacities(cfg: Mapping, num_workers: int) -> list[int]:
     if explicit is not None:
         if isinstance(explicit, (list, tuple)):
             if len(explicit) != num_workers:
-                raise ValueError(
-                    f"cluster.kv_cache_tokens lists {len(explicit)} capacities for {num_workers} workers"
-                )
+                raise ValueError(f"cluster.kv_cache_tokens lists {len(explicit)} capacities for {num_workers} workers")
             return [positive_int(v, "cluster.kv_cache_tokens[i]") for v in explicit]
         return [positive_int(explicit, "cluster.kv_cache_tokens")] * num_workers
     frac = cfg["cluster"].get("mem_fraction")
@@ -167,7 +165,9 @@ def eviction_errors(eviction_cfg: Mapping | None, backend: str = "sim") -> list[
     """What is wrong with a conf/eviction node for `backend` ("sim": our RadixCache, emulated SGLang
     workers included; "sglang": the real server), from the eviction registry's own check."""
     if not isinstance(eviction_cfg, Mapping) or not (eviction_cfg.get("name") or eviction_cfg.get("_target_")):
-        return ["eviction is missing or has no name (choose eviction=<name> from conf/eviction/, or policy=<router>_<eviction>)"]
+        return [
+            "eviction is missing or has no name (choose eviction=<name> from conf/eviction/, or policy=<router>_<eviction>)"
+        ]
     return _module("repro.kvcache").check_eviction_config(to_plain(eviction_cfg), backend)
 
 
@@ -175,7 +175,9 @@ def router_errors(router_cfg: Mapping | None) -> list[str]:
     """What is wrong with a conf/router node before building it: no `_target_`, a target that
     cannot be imported, keys its constructor does not take. Messages name no router (callers do)."""
     if not isinstance(router_cfg, Mapping) or not router_cfg.get("_target_"):
-        return ["router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)"]
+        return [
+            "router is missing or has no _target_ (choose router=<name> from conf/router/, or policy=<router>_<eviction>)"
+        ]
     from hydra.utils import get_object
 
     target = str(router_cfg["_target_"])
@@ -349,9 +351,7 @@ def check_cell(cfg: Mapping, memo: Memo | None = None) -> list[str]:
 
     seeds = SeedPlan.spawn(cfg["seed"], 1)
     eviction = cfg["eviction"]
-    status, value = memo.get(
-        "eviction", eviction, lambda: build_caches(cfg, [max(int(cap or 0), 1024)], seeds)
-    )
+    status, value = memo.get("eviction", eviction, lambda: build_caches(cfg, [max(int(cap or 0), 1024)], seeds))
     if status == "error":
         errs.append(f"eviction {dict(eviction)}: {value}")
 

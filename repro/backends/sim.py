@@ -24,9 +24,7 @@ PLAIN_CONFIG = True  # the assembly takes plain mappings (as validation gives th
 
 
 def run_cell(
-    cfg: Mapping,
-    progress: Callable[[float], None] | None = None,
-    wrap_router: Callable[[Any], Any] | None = None,
+    cfg: Mapping, progress: Callable[[float], None] | None = None, wrap_router: Callable[[Any], Any] | None = None
 ) -> CellResult:
     """Simulate one grid cell; `progress(fraction finished)` is called now and then.
 
@@ -42,8 +40,10 @@ def run_cell(
     )
     # worker state over simulated time for the cell's time series (not when tracking is off)
     tracking = cfg.get("tracking") or {}
-    sampler = None if str(tracking.get("mode", "offline")) == "disabled" else StateSampler(
-        int(tracking.get("max_points", 320))
+    sampler = (
+        None
+        if str(tracking.get("mode", "offline")) == "disabled"
+        else StateSampler(int(tracking.get("max_points", 320)))
     )
     result = sim.run(progress, sampler)
 

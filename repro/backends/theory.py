@@ -34,7 +34,9 @@ def theory_params(cfg: Mapping) -> dict:
     """The exact run_theory_cell parameters of a cell (ValueError with the choices if none)."""
     node = to_plain(cfg.get("theory"))
     if not isinstance(node, Mapping) or not node:
-        raise ValueError("backend=theory needs a `theory:` node (panel, x, policy) — see conf/exp/thm_competitive_ratio.yaml")
+        raise ValueError(
+            "backend=theory needs a `theory:` node (panel, x, policy) — see conf/exp/thm_competitive_ratio.yaml"
+        )
     node = dict(node)
     if "construction" in node:  # explicit parameters
         node.setdefault("seed", to_plain(cfg.get("seed", 0)))

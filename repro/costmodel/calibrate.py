@@ -187,13 +187,7 @@ class LosoResult:
 
 
 def leave_one_size_out(
-    spec: ModelSpec,
-    hardware: HardwareSpec,
-    pm: ProfileModel,
-    phase: str,
-    *,
-    compute_cap: float,
-    floor_prior: float,
+    spec: ModelSpec, hardware: HardwareSpec, pm: ProfileModel, phase: str, *, compute_cap: float, floor_prior: float
 ) -> LosoResult:
     """Refit without each prefill size (resp. decode batch size) and predict the left-out points."""
     target = pm.prefill if phase == "prefill" else pm.decode
@@ -277,12 +271,22 @@ def _load_yaml(path: Path) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.costmodel.calibrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default=str(DEFAULT_PROFILE), help="measured profile JSON (default: the packaged H200 profile)")
-    parser.add_argument("--conf-dir", default="conf", help="Hydra config root holding model/ and hardware/ (default: ./conf)")
-    parser.add_argument("--hardware", default="h200", help="hardware config the profile was measured on (default: h200)")
-    parser.add_argument("--floor-prior", type=float, default=0.5, help="ridge weight on the per-layer GPU floor (0 = none)")
+    parser.add_argument(
+        "--profile", default=str(DEFAULT_PROFILE), help="measured profile JSON (default: the packaged H200 profile)"
+    )
+    parser.add_argument(
+        "--conf-dir", default="conf", help="Hydra config root holding model/ and hardware/ (default: ./conf)"
+    )
+    parser.add_argument(
+        "--hardware", default="h200", help="hardware config the profile was measured on (default: h200)"
+    )
+    parser.add_argument(
+        "--floor-prior", type=float, default=0.5, help="ridge weight on the per-layer GPU floor (0 = none)"
+    )
     parser.add_argument("--no-loso", action="store_true", help="skip the leave-one-size-out refits (faster)")
-    parser.add_argument("--write", action="store_true", help="write the fitted coefficients into conf/model/<model>.yaml")
+    parser.add_argument(
+        "--write", action="store_true", help="write the fitted coefficients into conf/model/<model>.yaml"
+    )
     args = parser.parse_args(argv)
     if args.floor_prior < 0:
         parser.error("--floor-prior must be >= 0")

@@ -98,7 +98,9 @@ def _pct(x: float | None) -> str:
     return "   -  " if x is None or x != x else f"{x:6.1%}"
 
 
-def format_report(reports: Sequence[ModelReport], profile: Profile, hardware: HardwareSpec, compute_cap: float, floor_prior: float) -> str:
+def format_report(
+    reports: Sequence[ModelReport], profile: Profile, hardware: HardwareSpec, compute_cap: float, floor_prior: float
+) -> str:
     out = [
         f"Step-cost fit on {_display_path(profile.path)} ({profile.info.get('device', '?')}, measured {profile.info.get('measured', '?')})",
         f"efficiencies = fraction of {hardware.name} datasheet peak ({hardware.bf16_flops / 1e12:.1f} bf16 TFLOP/s, "
@@ -144,13 +146,17 @@ def format_report(reports: Sequence[ModelReport], profile: Profile, hardware: Ha
         out.append("")
         out.append("measurement noise: MRE between the repeat run and the first run on the same points")
         for name, s in spread.items():
-            out.append(f"  {name:<14}prefill {_pct(s['prefill'])}   decode {_pct(s['decode'])}   head {_pct(s['head'])}")
+            out.append(
+                f"  {name:<14}prefill {_pct(s['prefill'])}   decode {_pct(s['decode'])}   head {_pct(s['head'])}"
+            )
     out.append("")
     if verdicts:
         out.append(f"target MRE <= {TARGET_MRE:.0%} (fit and held out): NOT met for")
         out += [f"  {v}" for v in verdicts]
     elif any(not r.loso for r in reports):
-        out.append(f"target MRE <= {TARGET_MRE:.0%}: met on the points checked, but the leave-one-size-out check was skipped")
+        out.append(
+            f"target MRE <= {TARGET_MRE:.0%}: met on the points checked, but the leave-one-size-out check was skipped"
+        )
     else:
         out.append(f"target MRE <= {TARGET_MRE:.0%} (fit and held out): met for every model and phase")
     return "\n".join(out)
@@ -164,7 +170,10 @@ def format_anchors(model_cfgs: dict[str, dict], hardware_cfgs: dict[str, dict]) 
         ("decode b=1, 2k ctx", lambda m: m.decode_time_s(1, 2048)),
         ("decode b=32 x 2k ctx", lambda m: m.decode_time_s(32, 32 * 2048)),
     )
-    out = ["predicted full-model step times, ms (anchors for sanity checks)", f"  {'model':<14}{'gpu':<6}" + "".join(f"{c[0]:>28}" for c in cases)]
+    out = [
+        "predicted full-model step times, ms (anchors for sanity checks)",
+        f"  {'model':<14}{'gpu':<6}" + "".join(f"{c[0]:>28}" for c in cases),
+    ]
     for mname, mcfg in model_cfgs.items():
         if "cost_model" not in mcfg:
             continue

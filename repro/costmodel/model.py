@@ -269,12 +269,7 @@ class StepCostModel:
                 if x < y:
                     x, y = y, x
                 gpu += x * (1.0 + (y / x) ** p) ** inv_p
-            gpu += (
-                self._t_floor
-                + prefill_attn_work * self._attn_work
-                + self._ar_step
-                + prefill_tokens * self._ar_tok
-            )
+            gpu += self._t_floor + prefill_attn_work * self._attn_work + self._ar_step + prefill_tokens * self._ar_tok
             if prefill_has_cached_prefix is None:
                 prefill_has_cached_prefix = prefill_attn_work + prefill_attn_work > prefill_tokens * prefill_tokens
             x = self._t_cpu_with_prefix if prefill_has_cached_prefix else self._t_cpu
@@ -285,10 +280,7 @@ class StepCostModel:
         if decode_batch > 0:
             gemms, head = self._decode_terms(decode_batch)
             layer = gemms + (
-                self._t_floor
-                + decode_context_tokens * self._attn_ctx
-                + self._ar_step
-                + decode_batch * self._ar_tok
+                self._t_floor + decode_context_tokens * self._attn_ctx + self._ar_step + decode_batch * self._ar_tok
             )
             total += self._layers * layer + head
         return total

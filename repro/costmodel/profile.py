@@ -78,7 +78,10 @@ def _profile_model(entry: dict) -> ProfileModel:
     return ProfileModel(
         name=entry["model"],
         layers_total=int(entry["layers_total"]),
-        prefill=tuple(PrefillPoint(int(r["new_tokens"]), int(r["cached_tokens"]), float(r["per_layer_s"])) for r in entry["prefill"]),
+        prefill=tuple(
+            PrefillPoint(int(r["new_tokens"]), int(r["cached_tokens"]), float(r["per_layer_s"]))
+            for r in entry["prefill"]
+        ),
         decode=tuple(DecodePoint(int(r["batch"]), int(r["context"]), float(r["per_layer_s"])) for r in entry["decode"]),
         head=tuple(HeadPoint(int(r["rows"]), float(r["s"])) for r in entry.get("head") or ()),
     )
@@ -111,8 +114,12 @@ def run_to_run_spread(profile: Profile) -> dict[str, dict[str, float]]:
         first_d = {(p.batch, p.context): p.per_layer_s for p in pm.decode}
         first_h = {h.rows: h.seconds for h in pm.head}
         out[name] = {
-            "prefill": float(np.mean([abs(p.per_layer_s / first_p[(p.new_tokens, p.cached_tokens)] - 1) for p in rp.prefill])),
+            "prefill": float(
+                np.mean([abs(p.per_layer_s / first_p[(p.new_tokens, p.cached_tokens)] - 1) for p in rp.prefill])
+            ),
             "decode": float(np.mean([abs(p.per_layer_s / first_d[(p.batch, p.context)] - 1) for p in rp.decode])),
-            "head": float(np.mean([abs(h.seconds / first_h[h.rows] - 1) for h in rp.head])) if rp.head else float("nan"),
+            "head": float(np.mean([abs(h.seconds / first_h[h.rows] - 1) for h in rp.head]))
+            if rp.head
+            else float("nan"),
         }
     return out

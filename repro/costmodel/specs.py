@@ -233,7 +233,9 @@ def model_spec_from_config(model_cfg: Any) -> ModelSpec:
     ):
         ints[key] = int(_positive(_get(arch, key, aw, int), key, aw))
     num_experts = int(_positive(_get(arch, "num_experts", aw, int, default=0), "num_experts", aw, allow_zero=True))
-    top_k = int(_positive(_get(arch, "experts_per_token", aw, int, default=0), "experts_per_token", aw, allow_zero=True))
+    top_k = int(
+        _positive(_get(arch, "experts_per_token", aw, int, default=0), "experts_per_token", aw, allow_zero=True)
+    )
     if num_experts == 0 and top_k != 0:
         raise CostModelConfigError(f"{aw}: experts_per_token={top_k} but num_experts=0 (dense model)")
     if num_experts > 0 and not 1 <= top_k <= num_experts:

@@ -110,5 +110,12 @@ def draw_in_worker(name: str, results_dir, figures_dir) -> tuple[str | None, dic
         return render_artefact(name, results_dir, figures_dir), dict(frames)
 
 
-__all__ = ["ARTEFACTS", "ArtefactUnavailable", "artefact", "draw_in_worker", "experiment_of", "experiments_read",
-           "render_artefact"]
+__all__ = [
+    "ARTEFACTS",
+    "ArtefactUnavailable",
+    "artefact",
+    "draw_in_worker",
+    "experiment_of",
+    "experiments_read",
+    "render_artefact",
+]

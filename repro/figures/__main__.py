@@ -32,18 +32,28 @@ CONF_EXP = CONF_DIR / "exp"
 
 
 def parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m repro.figures", description=__doc__.split("\n\n")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m repro.figures",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"artefacts (default: all): {', '.join(ARTEFACTS)}")
     ap.add_argument("--results-dir", default="results")
     ap.add_argument("--figures-dir", default="figures")
-    ap.add_argument("--reproduce-md", default=None,
-                    help="the file whose generated blocks are rewritten (default: the repository's REPRODUCE.md, "
-                         "and only when rendering the repository's own results/)")
+    ap.add_argument(
+        "--reproduce-md",
+        default=None,
+        help="the file whose generated blocks are rewritten (default: the repository's REPRODUCE.md, "
+        "and only when rendering the repository's own results/)",
+    )
     ap.add_argument("--run-missing", action="store_true", help="run missing/incomplete experiments first")
     ap.add_argument("--check", action="store_true", help="compare the generated tables with the committed ones")
-    ap.add_argument("--tracking", choices=("offline", "online", "disabled"), default="offline",
-                    help="log this build's figures, tables and claims to one W&B run (repro.tracking.figures)")
+    ap.add_argument(
+        "--tracking",
+        choices=("offline", "online", "disabled"),
+        default="offline",
+        help="log this build's figures, tables and claims to one W&B run (repro.tracking.figures)",
+    )
     return ap.parse_args(argv)
 
 
@@ -75,11 +85,16 @@ def drawing_tasks(names, results_dir: Path, figures_dir: Path, drawn: dict[str, 
                 return
             drawn[name], frames = value
             remember({k: df for k, df in frames.items() if k[1] == exp})  # only exp is known finished
+
         return done
 
     def then(exp: str):
-        return [Task(draw_in_worker, (n, str(results_dir), str(figures_dir)), record(n, exp))
-                for n in names if experiments_read(n) == (exp,)]
+        return [
+            Task(draw_in_worker, (n, str(results_dir), str(figures_dir)), record(n, exp))
+            for n in names
+            if experiments_read(n) == (exp,)
+        ]
+
     return then
 
 
@@ -108,8 +123,10 @@ def run_missing(names, results_dir: Path, then=None) -> list[str]:
         log(f"[run] {len(grid)} experiment(s): done after {time.perf_counter() - t0:.0f} s wall")
         for exp in grid:
             if codes.get(exp, 1) != 0:
-                problems.append(f"{exp}: its grid ended with exit code {codes.get(exp, 1)} "
-                                f"(as `python -m repro.run +exp={exp}` would)")
+                problems.append(
+                    f"{exp}: its grid ended with exit code {codes.get(exp, 1)} "
+                    f"(as `python -m repro.run +exp={exp}` would)"
+                )
     return problems
 
 
@@ -141,8 +158,10 @@ def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path | N
     write_text(figures_dir, "claims.md", claims_md)
     write_text(figures_dir, "README.md", reproduce.index(results_dir, figures_dir))
     if reproduce_md is None:
-        log(f"[claims] {results_dir} is not the repository's results/: REPRODUCE.md left alone "
-            f"(--reproduce-md FILE to write one)")
+        log(
+            f"[claims] {results_dir} is not the repository's results/: REPRODUCE.md left alone "
+            f"(--reproduce-md FILE to write one)"
+        )
     elif reproduce_md.is_file():
         text = reproduce_md.read_text()
         for name, body in blocks.items():
@@ -177,7 +196,9 @@ def check(results_dir: Path, figures_dir: Path, reproduce_md: Path) -> int:
             continue
         if have != want:
             bad += 1
-            diff = difflib.unified_diff(have.splitlines(), want.splitlines(), "committed", "recomputed", lineterm="", n=0)
+            diff = difflib.unified_diff(
+                have.splitlines(), want.splitlines(), "committed", "recomputed", lineterm="", n=0
+            )
             log(f"[check] {where}: differs from the results\n" + "\n".join(list(diff)[:40]))
         else:
             log(f"[check] {where}: up to date")
@@ -191,8 +212,10 @@ def main(argv=None) -> int:
     use_project_cache()  # staleness of the cells read (captions) hashes data files: memo in the project
     unknown = [n for n in a.names if n not in ARTEFACTS and not (Path(a.results_dir) / n).is_dir()]
     if unknown:
-        log(f"unknown figure/table {unknown}, and no such experiment folder in {a.results_dir}; known: "
-            f"{', '.join(ARTEFACTS)} (or any results folder's experiment, drawn by repro.figures.generic)")
+        log(
+            f"unknown figure/table {unknown}, and no such experiment folder in {a.results_dir}; known: "
+            f"{', '.join(ARTEFACTS)} (or any results folder's experiment, drawn by repro.figures.generic)"
+        )
         return 2
     if a.check and a.run_missing:
         log("--check compares committed results; it cannot be combined with --run-missing")
@@ -224,10 +247,14 @@ def main(argv=None) -> int:
         problems += render([n for n in names if n not in drawn], results_dir, figures_dir)
         claims_table = None
         if a.names:  # the claims and REPRODUCE.md read every paper experiment: only a whole build writes them
-            log("[claims] named artefacts only: claims.md, figures/README.md and REPRODUCE.md left alone "
-                "(`make figures` writes them)")
+            log(
+                "[claims] named artefacts only: claims.md, figures/README.md and REPRODUCE.md left alone "
+                "(`make figures` writes them)"
+            )
         elif problems:  # never "no data" for what failed to render
-            log(f"[claims] {len(problems)} artefact(s) failed: claims.md, figures/README.md and REPRODUCE.md left alone")
+            log(
+                f"[claims] {len(problems)} artefact(s) failed: claims.md, figures/README.md and REPRODUCE.md left alone"
+            )
         else:
             claims_table = write_generated(results_dir, figures_dir, reproduce_md)
     if a.tracking != "disabled":
@@ -235,8 +262,10 @@ def main(argv=None) -> int:
 
         run_dir = log_figures_run(results_dir, figures_dir, names, claims_table, mode=a.tracking)
         log(f"[wandb] figures run ({a.tracking}): {run_dir or 'not written (see the warning)'}")
-    log(f"[done] {'run ' + format(t_run, '.0f') + ' s, ' if a.run_missing else ''}"
-        f"total {time.perf_counter() - t0:.0f} s wall")
+    log(
+        f"[done] {'run ' + format(t_run, '.0f') + ' s, ' if a.run_missing else ''}"
+        f"total {time.perf_counter() - t0:.0f} s wall"
+    )
     for p in problems:
         log(f"[problem] {p}")
     return 1 if problems else 0

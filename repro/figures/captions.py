@@ -47,7 +47,9 @@ def model_gpu(df: pd.DataFrame) -> str:
     for key, _ in df.groupby(cols, sort=True, dropna=False):
         d = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
         extra = []
-        if d.get("model.weight_dtype") not in (None, "bf16") and d.get("model.weight_dtype") == d.get("model.weight_dtype"):
+        if d.get("model.weight_dtype") not in (None, "bf16") and d.get("model.weight_dtype") == d.get(
+            "model.weight_dtype"
+        ):
             extra.append(f"{d['model.weight_dtype']} weights")
         tp = d.get("model.tensor_parallel")
         if tp not in (None, 1) and tp == tp:
@@ -80,11 +82,18 @@ def data_text(df: pd.DataFrame) -> list[str]:
     trunc = df[_truthy(df, "prov.workload.file_truncated")]
     if len(trunc):
         # rows_read counts the record cut in half too (it is one of malformed_rows)
-        complete = {int(r) - int(m or 0) for r, m in zip(trunc.get("prov.workload.rows_read", []),
-                                                         trunc.get("prov.workload.malformed_rows", [0] * len(trunc)))
-                    if r == r and r is not None}
-        n = f"its first {complete.pop():,} complete conversations" if len(complete) == 1 else \
-            "the complete conversations before the cut"
+        complete = {
+            int(r) - int(m or 0)
+            for r, m in zip(
+                trunc.get("prov.workload.rows_read", []), trunc.get("prov.workload.malformed_rows", [0] * len(trunc))
+            )
+            if r == r and r is not None
+        }
+        n = (
+            f"its first {complete.pop():,} complete conversations"
+            if len(complete) == 1
+            else "the complete conversations before the cut"
+        )
         out.append(f"ShareGPT: the packaged file is cut at ~120 MB; results use {n}")
     tok = _unique(df, "prov.workload.tokenizer.kind")
     if tok:
@@ -108,6 +117,8 @@ def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     parts.extend(data_text(df))
     stale = int(_truthy(df, "stale").sum())
     if stale:
-        parts.append(f"STALE: {stale} of {len(df)} cells were computed by other code, data or library versions "
-                     f"than this checkout's (`python -m repro.results status`; a rerun of the experiment recomputes them)")
+        parts.append(
+            f"STALE: {stale} of {len(df)} cells were computed by other code, data or library versions "
+            f"than this checkout's (`python -m repro.results status`; a rerun of the experiment recomputes them)"
+        )
     return ". ".join(parts) + "."

@@ -64,10 +64,34 @@ from repro.figures.claims_catalogue import CLAIMS, Claim, load_catalogue
 from repro.figures.claims_evidence import NO_DATA_ERRORS, Results, compared_regimes, regime_text
 from repro.figures.claims_rules import RULES, mean_ratio
 from repro.figures.claims_verdict import (
-    K_SE, LOSS, NO_DATA, NOT, PARTLY, REPRODUCED, TIE, VERDICTS, WIN, Checks, Finding, compare, numeric, paired, pct,
-    qualitative, times,
+    K_SE,
+    LOSS,
+    NO_DATA,
+    NOT,
+    PARTLY,
+    REPRODUCED,
+    TIE,
+    VERDICTS,
+    WIN,
+    Checks,
+    Finding,
+    compare,
+    numeric,
+    paired,
+    pct,
+    qualitative,
+    times,
 )
-from repro.figures.claims_why import WHY_FILE, Why, load_why, stamp_entries, stamp_of, stale_entries, why_about, write_why
+from repro.figures.claims_why import (
+    WHY_FILE,
+    Why,
+    load_why,
+    stamp_entries,
+    stamp_of,
+    stale_entries,
+    why_about,
+    write_why,
+)
 from repro.figures.style import PAPER_SYSTEMS
 
 
@@ -86,12 +110,23 @@ def evaluate(results_dir: str | Path, claims: Iterable[Claim] | None = None) -> 
                 f = Finding(f"no data ({reason[:160]})", NO_DATA)
         entry = claims_why.WHY.get(c.id, {}).get(f.verdict)
         stamp = stamp_of(r, why_about(c, entry))
-        rows.append({"id": c.id, "artefact": c.artefact, "claim": c.statement, "paper": c.paper,
-                     "ours": f.ours, "regime": regime_text(seen), "verdict": f.verdict,
-                     "why": claims_why.why(c.id, f.verdict, stamp), "stamp": stamp})
+        rows.append(
+            {
+                "id": c.id,
+                "artefact": c.artefact,
+                "claim": c.statement,
+                "paper": c.paper,
+                "ours": f.ours,
+                "regime": regime_text(seen),
+                "verdict": f.verdict,
+                "why": claims_why.why(c.id, f.verdict, stamp),
+                "stamp": stamp,
+            }
+        )
     table = pd.DataFrame(rows)
-    table.attrs["note_stamps"] = {k: stamp_of(r, v.about or ("fig2_main",)) for k, v in claims_why.NOTES.items()
-                                  if isinstance(v, Why)}
+    table.attrs["note_stamps"] = {
+        k: stamp_of(r, v.about or ("fig2_main",)) for k, v in claims_why.NOTES.items() if isinstance(v, Why)
+    }
     return table
 
 
@@ -110,15 +145,33 @@ def to_markdown(table: pd.DataFrame) -> str:
         "|:---|:---|:---|:---|:---|:---|:---|",
     ]
     for _, row in table.iterrows():
-        lines.append("| " + " | ".join(_cell(x) for x in (f"`{row['id']}`", row["claim"], row["paper"], row["ours"],
-                                                           row["regime"], f"**{row['verdict']}**", row["why"])) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (
+                    f"`{row['id']}`",
+                    row["claim"],
+                    row["paper"],
+                    row["ours"],
+                    row["regime"],
+                    f"**{row['verdict']}**",
+                    row["why"],
+                )
+            )
+            + " |"
+        )
     used = cited_notes(" ".join(table["why"]))
     if used:
         lines += ["", "Notes cited in the Why column:", ""]
         stamps = table.attrs.get("note_stamps", {})
         for k in used:
             v = claims_why.NOTES[k]
-            flag = " *(stale: written for other results)*" if isinstance(v, Why) and stamps.get(k, v.stamp) != v.stamp else ""
+            flag = (
+                " *(stale: written for other results)*"
+                if isinstance(v, Why) and stamps.get(k, v.stamp) != v.stamp
+                else ""
+            )
             lines.append(f"- **[{k}]**{flag} {claims_why.note_text(v)}")
     return "\n".join(lines) + "\n"
 
@@ -149,11 +202,15 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m repro.figures.claims",
-                                 description="List the claims table's Why texts that need rewriting, or stamp rewritten ones.")
+    ap = argparse.ArgumentParser(
+        prog="python -m repro.figures.claims",
+        description="List the claims table's Why texts that need rewriting, or stamp rewritten ones.",
+    )
     ap.add_argument("--results-dir", default="results")
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--stale", action="store_true", help="list texts written for other verdicts or other numbers (exit 1 if any)")
+    g.add_argument(
+        "--stale", action="store_true", help="list texts written for other verdicts or other numbers (exit 1 if any)"
+    )
     g.add_argument("--stamp", nargs="+", metavar="ID", help="record today's numbers on these claim ids / note keys")
     a = ap.parse_args(argv)
     table = evaluate(a.results_dir)
@@ -180,7 +237,36 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["CLAIMS", "RULES", "VERDICTS", "WHY_FILE", "Checks", "Claim", "Finding", "Why", "compare", "evaluate",
-           "load_catalogue", "load_why", "mean_ratio", "numeric", "paired", "pct", "qualitative", "stale_entries",
-           "stamp_entries", "status_by_artefact", "times", "to_markdown", "write_why", "K_SE", "LOSS", "NOT", "PARTLY",
-           "REPRODUCED", "TIE", "WIN", "PAPER_SYSTEMS"]
+__all__ = [
+    "CLAIMS",
+    "RULES",
+    "VERDICTS",
+    "WHY_FILE",
+    "Checks",
+    "Claim",
+    "Finding",
+    "Why",
+    "compare",
+    "evaluate",
+    "load_catalogue",
+    "load_why",
+    "mean_ratio",
+    "numeric",
+    "paired",
+    "pct",
+    "qualitative",
+    "stale_entries",
+    "stamp_entries",
+    "status_by_artefact",
+    "times",
+    "to_markdown",
+    "write_why",
+    "K_SE",
+    "LOSS",
+    "NOT",
+    "PARTLY",
+    "REPRODUCED",
+    "TIE",
+    "WIN",
+    "PAPER_SYSTEMS",
+]

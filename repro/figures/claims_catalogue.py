@@ -117,8 +117,7 @@ def make_claim(entry: dict, artefacts=None) -> Claim:
         evaluate = RULES[rule](entry["artefact"], **kwargs)
     except ValueError as exc:
         raise CatalogueError(f"{CATALOGUE_FILE.name}: claim {cid}: {exc}") from None
-    return Claim(str(entry["id"]), str(entry["artefact"]), str(entry["statement"]), str(entry["paper"]), evaluate,
-                 rule)
+    return Claim(str(entry["id"]), str(entry["artefact"]), str(entry["statement"]), str(entry["paper"]), evaluate, rule)
 
 
 def load_catalogue(path: Path = CATALOGUE_FILE) -> tuple[Claim, ...]:

@@ -88,7 +88,6 @@ class Results:
         return self._get("thm_competitive_ratio", make)
 
 
-
 def with_seeds(df: pd.DataFrame, agg: pd.DataFrame, keys) -> pd.DataFrame:
     """agg plus, per point, the per-seed values of every metric (for the noise-aware comparisons)."""
     from repro.figures.load import SEED, _key
@@ -161,11 +160,11 @@ def regime_text(seen: dict) -> str:
     return head + "; ".join(parts)
 
 
-
 def versus(g: pd.DataFrame, a: str, b: str, metric: str) -> tuple[int, int]:
     """compare() of two systems at one point g."""
-    return compare(metric, seed_values(g, a, metric), seed_values(g, b, metric), value(g, a, metric), value(g, b, metric))
-
+    return compare(
+        metric, seed_values(g, a, metric), seed_values(g, b, metric), value(g, a, metric), value(g, b, metric)
+    )
 
 
 # -- helpers over aggregated tables ----------------------------------------------------------
@@ -210,11 +209,9 @@ def improvement(metric: str, base: float, ours: float) -> float:
     return ours / base - 1 if base > 0 else math.inf
 
 
-
 def common_seeds(g: pd.DataFrame, systems: Iterable[str], metric: str) -> set[int]:
     out = None
     for s in systems:
         k = set(seed_values(g, s, metric))
         out = k if out is None else out & k
     return out or set()
-

@@ -15,18 +15,47 @@ from typing import Callable, Iterable
 import numpy as np
 
 from repro.figures.claims_evidence import (
-    Results, common_seeds, improvement, points, row_seeds, seed_values, value, versus,
+    Results,
+    common_seeds,
+    improvement,
+    points,
+    row_seeds,
+    seed_values,
+    value,
+    versus,
 )
 from repro.figures.claims_verdict import (
-    FACTOR_BAND, HIGHER, LOSS, NO_DATA, NOT, REPRODUCED, SHORT, TIE, TPUT_TIE, WIN, Checks, Finding, compare, num,
-    listed, numeric, paired, pct, qualitative, seedwise, times, worst,
+    FACTOR_BAND,
+    HIGHER,
+    LOSS,
+    NO_DATA,
+    NOT,
+    REPRODUCED,
+    SHORT,
+    TIE,
+    TPUT_TIE,
+    WIN,
+    Checks,
+    Finding,
+    compare,
+    num,
+    listed,
+    numeric,
+    paired,
+    pct,
+    qualitative,
+    seedwise,
+    times,
+    worst,
 )
 from repro.figures.load import SYSTEM
 from repro.figures.style import BASELINES, OURS, PAPER_SYSTEMS
 
+
 # -- claim builders --------------------------------------------------------------------------
 def lowest(name: str, system: str, metrics: Iterable[str], x: str | None = None, against=None, where=None):
     """`system` is better than every other system (or those in `against`) in `metrics` at every point."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
         checks = Checks()
@@ -39,11 +68,19 @@ def lowest(name: str, system: str, metrics: Iterable[str], x: str | None = None,
                 outcome, n = worst(res.values())
                 losers = [s for s, (o, _) in res.items() if o == LOSS]
                 tied = [s for s, (o, _) in res.items() if o == TIE]
-                text = f"{label} {SHORT[m]}: " + ("; ".join(
-                    p for p in (f"{', '.join(losers)} better" if losers else "",
-                                f"{', '.join(tied)} tied" if tied else "") if p))
+                text = f"{label} {SHORT[m]}: " + (
+                    "; ".join(
+                        p
+                        for p in (
+                            f"{', '.join(losers)} better" if losers else "",
+                            f"{', '.join(tied)} tied" if tied else "",
+                        )
+                        if p
+                    )
+                )
                 checks.add(outcome, n, text)
         return qualitative(checks, "point×metric comparisons")
+
     return run
 
 
@@ -60,11 +97,13 @@ def ours_beat_baselines(name: str, metrics: Iterable[str], x: str | None = None,
                         what = "tied with" if outcome == TIE else "not better than"
                         checks.add(outcome, n, f"{label} {SHORT[m]}: {o} {what} {b}")
         return qualitative(checks, "(ours, baseline, point, metric) comparisons")
+
     return run
 
 
 def best_is_ours(name: str, metrics: Iterable[str], x: str):
     """At every point the best of our methods (by seed mean) beats every baseline (noise-aware)."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         checks = Checks()
@@ -83,14 +122,17 @@ def best_is_ours(name: str, metrics: Iterable[str], x: str):
                 beaten = [b for b, (o, _) in res.items() if o == LOSS]
                 tied = [b for b, (o, _) in res.items() if o == TIE]
                 text = f"{label} {SHORT[m]}: best of ours {best}" + (
-                    f" behind {', '.join(beaten)}" if beaten else f" tied with {', '.join(tied)}" if tied else "")
+                    f" behind {', '.join(beaten)}" if beaten else f" tied with {', '.join(tied)}" if tied else ""
+                )
                 checks.add(outcome, n, text)
         return qualitative(checks, "settings×metrics")
+
     return run
 
 
 def _facet_stat(r_groups, fn) -> Callable[[int], float | None]:
     """stat(seed): mean over facets of fn(g, seed) (None if a facet lacks the seed)."""
+
     def stat(seed: int):
         vals = []
         for g in r_groups:
@@ -99,6 +141,7 @@ def _facet_stat(r_groups, fn) -> Callable[[int], float | None]:
                 return None
             vals.append(v)
         return float(np.mean(vals)) if vals else None
+
     return stat
 
 
@@ -109,6 +152,7 @@ def _at(g, system, metric, seed):
 
 def mean_ratio(name: str, base: str, ours: str, metric: str, paper: float, fmt=times, where=None):
     """Mean over facets of improvement(base -> ours)."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name, where)
         vals, per, groups = [], [], []
@@ -130,11 +174,13 @@ def mean_ratio(name: str, base: str, ours: str, metric: str, paper: float, fmt=t
         neutral = 1.0 if fmt is times else 0.0
         direction = seedwise(_facet_stat(groups, one), sorted(seeds), neutral, 1.0 if fmt is times else np.sign(paper))
         return numeric(float(np.mean(vals)), paper, fmt, per if len(per) > 1 else None, direction)
+
     return run
 
 
 def reduction(name: str, base: str, ours: str, metric: str, paper: float):
     """1 − ours / base (paper: −x % written as the positive reduction x / 100), mean over facets."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         vals, groups = [], []
@@ -152,6 +198,7 @@ def reduction(name: str, base: str, ours: str, metric: str, paper: float):
         seeds = set.intersection(*(common_seeds(g, (base, ours), metric) for g in groups))
         direction = seedwise(_facet_stat(groups, one), sorted(seeds), 0.0, np.sign(paper))
         return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), direction=direction)
+
     return run
 
 
@@ -183,6 +230,7 @@ def vs_best_baseline(name: str, system: str, metric: str, paper: float, where=No
         seeds = set.intersection(*(common_seeds(g, (system, b), metric) for g, b in pairs))
         direction = seedwise(stat, sorted(seeds), 0.0, np.sign(paper))
         return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), per, direction)
+
     return run
 
 
@@ -196,12 +244,14 @@ def added_overhead(name: str, column: str, base: str, ours: str, paper_ms: float
             return Finding("not measured", NO_DATA)
         verdict = REPRODUCED if add <= FACTOR_BAND * paper_ms else NOT
         return Finding(f"{'+' if add >= 0 else '−'}{num(abs(add))} ms", verdict)
+
     return run
 
 
 # -- rules of one figure's claim -------------------------------------------------------------
 def overhead_negligible(name: str, base: str, ours: str, max_share: float):
     """`ours`' added eviction + routing time over `base` is under max_share of its P50 latency."""
+
     def run(r: Results) -> Finding:
         g = r.perf(name)
         if not {base, ours} <= set(g[SYSTEM]):
@@ -210,13 +260,16 @@ def overhead_negligible(name: str, base: str, ours: str, max_share: float):
         add = sum(value(g, ours, c) - value(g, base, c) for c in cols)
         lat_ms = value(g, ours, "latency_p50_s") * 1e3
         share = add / lat_ms
-        return Finding(f"+{num(add)} ms = {num(share * 100)} % of {ours}'s P50 latency",
-                       REPRODUCED if share < max_share else NOT)
+        return Finding(
+            f"+{num(add)} ms = {num(share * 100)} % of {ours}'s P50 latency", REPRODUCED if share < max_share else NOT
+        )
+
     return run
 
 
 def throughput_converges(name: str, min_workers: int, max_spread: float):
     """At every worker count ≥ min_workers all systems' throughputs are within max_spread."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         checks = []
@@ -227,14 +280,17 @@ def throughput_converges(name: str, min_workers: int, max_spread: float):
             t = g["throughput_rps"].to_numpy(dtype=float)
             spread = (t.max() - t.min()) / t.max()
             checks.append((spread <= max_spread, f"{label} workers: spread {num(spread * 100)} %"))
-        return qualitative(checks, f"worker counts ≥ {min_workers:g} with all systems within {max_spread * 100:g} % "
-                                   "of each other")
+        return qualitative(
+            checks, f"worker counts ≥ {min_workers:g} with all systems within {max_spread * 100:g} % of each other"
+        )
+
     return run
 
 
 def throughput_higher_small(name: str, system: str, max_workers: int):
     """At every worker count ≤ max_workers `system`'s throughput is above the tie band (and the
     noise) of the best baseline's."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         checks = Checks()
@@ -253,13 +309,17 @@ def throughput_higher_small(name: str, system: str, max_workers: int):
             else:
                 outcome, n = LOSS, 1
             checks.add(outcome, n, f"{label} workers: {num(mine)} vs best baseline {num(base)} req/s")
-        return qualitative(checks, f"worker counts ≤ {max_workers:g} where {system}'s throughput is > 0.5 % (and 2 SE) "
-                                   "above every baseline")
+        return qualitative(
+            checks,
+            f"worker counts ≤ {max_workers:g} where {system}'s throughput is > 0.5 % (and 2 SE) above every baseline",
+        )
+
     return run
 
 
 def gap_widens(name: str, system: str, x: str, metric: str):
     """best baseline / `system` in `metric` grows from the smallest to the largest x (per benchmark)."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         m = metric
@@ -278,11 +338,15 @@ def gap_widens(name: str, system: str, x: str, metric: str):
                 (x0, g0, s0), (x1, g1, s1) = gaps[0], gaps[-1]
                 common = sorted(set(s0) & set(s1))
                 d = np.array([s1[k] - s0[k] for k in common]) if common else np.array([g1 - g0])
-                checks.add(paired(d), max(len(common), 1), f"{label}: best baseline / {system} {SHORT[m]} "
-                                                         f"{times(g0)} at {x0:g} → {times(g1)} at {x1:g}")
+                checks.add(
+                    paired(d),
+                    max(len(common), 1),
+                    f"{label}: best baseline / {system} {SHORT[m]} {times(g0)} at {x0:g} → {times(g1)} at {x1:g}",
+                )
         if not len(checks):
             return Finding("needs ≥ 2 memory fractions", NO_DATA)
         return listed(checks, "benchmarks")
+
     return run
 
 
@@ -305,11 +369,13 @@ def rlt_beats_lru(name: str, metrics: Iterable[str]):
                 outcome, n = compare(m, row_seeds(rlt, m), row_seeds(lru, m), rlt[m], lru[m])
                 checks.add(outcome, n, f"{label} {SHORT[m]}: RLT {num(rlt[m])} vs L-LRU {num(lru[m])}")
         return qualitative(checks, f"workload×metric comparisons ({', '.join(SHORT[m] for m in metrics)})")
+
     return run
 
 
 def timely_decay(name: str, metric: str):
     """Every LBGR system is better in `metric` at the shortest decay interval than at the longest."""
+
     def run(r: Results) -> Finding:
         agg = r.perf(name)
         x = "router.decay_interval_s"
@@ -322,16 +388,19 @@ def timely_decay(name: str, metric: str):
                     continue
                 lo, hi = line.iloc[0], line.iloc[-1]
                 outcome, n = compare(m, row_seeds(lo, m), row_seeds(hi, m), lo[m], hi[m])
-                checks.add(outcome, n, f"{s}: {SHORT[m]} {num(lo[m])} s at Δt={lo[x]:g} s vs {num(hi[m])} s at "
-                                       f"Δt={hi[x]:g} s")
+                checks.add(
+                    outcome, n, f"{s}: {SHORT[m]} {num(lo[m])} s at Δt={lo[x]:g} s vs {num(hi[m])} s at Δt={hi[x]:g} s"
+                )
         if not len(checks):
             return Finding("needs ≥ 2 decay intervals", NO_DATA)
         return listed(checks, "LBGR systems")
+
     return run
 
 
 def theory(name: str, policy: str):
     """L-LRU = x (the lower bound, within 1 %), RLT within FACTOR_BAND of H_x, OPT = 1 (within 1 %)."""
+
     def run(r: Results) -> Finding:
         df = r.theory()
         d = df[(df["policy"] == policy) & df["construction"].isin(["thm4", "thm5"])]
@@ -349,18 +418,37 @@ def theory(name: str, policy: str):
         what = {"lru": "misses / (B − L + 1)", "rlt": "misses / H", "opt": "misses"}[policy]
         span = f"{what} from {min(ratios):.3f} to {max(ratios):.3f} over x = {d['x'].min():g}..{d['x'].max():g}"
         return Finding(f"{f.ours}; {span}", f.verdict)
+
     return run
 
 
-RULES: dict[str, Callable] = {f.__name__: f for f in (
-    lowest, ours_beat_baselines, best_is_ours, mean_ratio, reduction, vs_best_baseline, added_overhead,
-    overhead_negligible, throughput_converges, throughput_higher_small, gap_widens, rlt_beats_lru, timely_decay,
-    theory,
-)}
+RULES: dict[str, Callable] = {
+    f.__name__: f
+    for f in (
+        lowest,
+        ours_beat_baselines,
+        best_is_ours,
+        mean_ratio,
+        reduction,
+        vs_best_baseline,
+        added_overhead,
+        overhead_negligible,
+        throughput_converges,
+        throughput_higher_small,
+        gap_widens,
+        rlt_beats_lru,
+        timely_decay,
+        theory,
+    )
+}
 # Rules that take the paper's number, and the form of the `paper` text they accept: "ratio_or_change"
 # (11.96× or +36.45 %: paper=the factor or the signed fraction, fmt=times or pct), "reduction"
 # (−38 %: paper=0.38), "ms" (+0.58 ms: paper_ms=0.58).
-PAPER_NUMBER = {"mean_ratio": "ratio_or_change", "reduction": "reduction", "vs_best_baseline": "reduction",
-                "added_overhead": "ms"}
+PAPER_NUMBER = {
+    "mean_ratio": "ratio_or_change",
+    "reduction": "reduction",
+    "vs_best_baseline": "reduction",
+    "added_overhead": "ms",
+}
 # Systems a rule parameter may name as a group instead of one by one.
 GROUPS = {"baselines": BASELINES, "ours": OURS, "paper": PAPER_SYSTEMS}

@@ -21,8 +21,14 @@ FACTOR_BAND = 2.0  # numeric claims: within a factor 2 of the paper counts as re
 TPUT_TIE = 0.005
 LOWER = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s")
 HIGHER = ("hit_rate", "throughput_rps")
-SHORT = {"latency_p50_s": "P50 latency", "latency_p95_s": "P95 latency", "ttft_p50_s": "P50 TTFT",
-         "ttft_p95_s": "P95 TTFT", "hit_rate": "hit rate", "throughput_rps": "throughput"}
+SHORT = {
+    "latency_p50_s": "P50 latency",
+    "latency_p95_s": "P95 latency",
+    "ttft_p50_s": "P50 TTFT",
+    "ttft_p95_s": "P95 TTFT",
+    "hit_rate": "hit rate",
+    "throughput_rps": "throughput",
+}
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,11 @@ def qualitative(checks, unit: str) -> Finding:
     fails = [d for o, _, d in items if o == LOSS]
     text = f"holds in {wins}/{n} {unit}"
     if ties:
-        text += f"; {len(ties)} tie{'s' if len(ties) > 1 else ''} within noise: " + "; ".join(ties[:2]) + \
-            (f" (+{len(ties) - 2} more)" if len(ties) > 2 else "")
+        text += (
+            f"; {len(ties)} tie{'s' if len(ties) > 1 else ''} within noise: "
+            + "; ".join(ties[:2])
+            + (f" (+{len(ties) - 2} more)" if len(ties) > 2 else "")
+        )
     if fails:
         text += "; fails: " + "; ".join(fails[:2]) + (f" (+{len(fails) - 2} more)" if len(fails) > 2 else "")
     single = sum(k < 2 for _, k, _ in items)
@@ -144,8 +153,9 @@ def listed(checks: "Checks", unit: str) -> Finding:
     return Finding(text, qualitative(checks, unit).verdict)
 
 
-def numeric(ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None,
-            direction: int | None = None) -> Finding:
+def numeric(
+    ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None, direction: int | None = None
+) -> Finding:
     """Same direction as the paper (sign of the change, or factor > 1) and within FACTOR_BAND.
     `direction`: the noise-aware outcome of "ours differs from no change in the paper's
     direction" (WIN / TIE / LOSS; None: not known, strict)."""
@@ -159,7 +169,9 @@ def numeric(ours: float, paper: float, fmt: Callable[[float], str], per: list[st
     return Finding(text, REPRODUCED if close else (PARTLY if same else NOT))
 
 
-def seedwise(stat: Callable[[int], float | None], seeds: Iterable[int], neutral: float, paper_sign: float) -> int | None:
+def seedwise(
+    stat: Callable[[int], float | None], seeds: Iterable[int], neutral: float, paper_sign: float
+) -> int | None:
     """Outcome of the per-seed values stat(seed) against `neutral` in the paper's direction
     (None when fewer than two seeds give a value: no noise estimate)."""
     vals = [v for v in (stat(s) for s in seeds) if v is not None and math.isfinite(v)]

@@ -23,6 +23,7 @@ from repro.figures.claims_verdict import NO_DATA, REPRODUCED
 WHY_FILE = Path(__file__).with_name("claims_why.yaml")
 STAMP_DIGITS = 3
 
+
 @dataclass(frozen=True)
 class Why:
     text: str
@@ -34,10 +35,17 @@ def load_why(path: Path = WHY_FILE) -> tuple[dict[str, Why], dict[str, dict[str,
     import yaml
 
     data = yaml.safe_load(path.read_text()) or {}
-    notes = {k: Why(v["text"], str(v.get("stamp") or ""), tuple(v.get("about") or ())) for k, v in
-             (data.get("notes") or {}).items()}
-    why_ = {cid: {verdict: Why(e["text"], str(e.get("stamp") or ""), tuple(e.get("about") or ()))
-                  for verdict, e in per.items()} for cid, per in (data.get("why") or {}).items()}
+    notes = {
+        k: Why(v["text"], str(v.get("stamp") or ""), tuple(v.get("about") or ()))
+        for k, v in (data.get("notes") or {}).items()
+    }
+    why_ = {
+        cid: {
+            verdict: Why(e["text"], str(e.get("stamp") or ""), tuple(e.get("about") or ()))
+            for verdict, e in per.items()
+        }
+        for cid, per in (data.get("why") or {}).items()
+    }
     return notes, why_
 
 
@@ -92,8 +100,10 @@ def why(claim_id: str, verdict: str, stamp_now: str | None = None) -> str:
         if isinstance(entry, str):  # plain text (tests): no stamp to check
             return entry
         if stamp_now is not None and _stale(stamp_now, entry):
-            return (f"(stale: the explanation on file was written for other results, stamp {entry.stamp or 'none'} "
-                    f"vs {stamp_now} now; list: {STALE_HINT})")
+            return (
+                f"(stale: the explanation on file was written for other results, stamp {entry.stamp or 'none'} "
+                f"vs {stamp_now} now; list: {STALE_HINT})"
+            )
         return entry.text
     if verdict in (REPRODUCED,):
         return ""
@@ -102,7 +112,6 @@ def why(claim_id: str, verdict: str, stamp_now: str | None = None) -> str:
     if texts:
         return f"(verdict changed; the explanation on file was written for: {', '.join(texts)})"
     return "not analysed yet"
-
 
 
 def why_about(claim, entry) -> tuple[str, ...]:
@@ -120,18 +129,41 @@ def stale_entries(table: pd.DataFrame) -> list[dict]:
         entry = texts.get(row["verdict"])
         if entry is None:
             if texts or row["verdict"] != REPRODUCED:
-                out.append({"kind": "why", "id": row["id"], "verdict": row["verdict"], "reason":
-                            f"no text for this verdict (on file: {', '.join(texts) or 'none'})",
-                            "ours": row["ours"], "stamp": row["stamp"]})
+                out.append(
+                    {
+                        "kind": "why",
+                        "id": row["id"],
+                        "verdict": row["verdict"],
+                        "reason": f"no text for this verdict (on file: {', '.join(texts) or 'none'})",
+                        "ours": row["ours"],
+                        "stamp": row["stamp"],
+                    }
+                )
         elif isinstance(entry, Why) and _stale(row["stamp"], entry):
-            out.append({"kind": "why", "id": row["id"], "verdict": row["verdict"], "reason":
-                        f"written for stamp {entry.stamp or 'none'}, results now {row['stamp']}",
-                        "ours": row["ours"], "stamp": row["stamp"], "text": entry.text})
+            out.append(
+                {
+                    "kind": "why",
+                    "id": row["id"],
+                    "verdict": row["verdict"],
+                    "reason": f"written for stamp {entry.stamp or 'none'}, results now {row['stamp']}",
+                    "ours": row["ours"],
+                    "stamp": row["stamp"],
+                    "text": entry.text,
+                }
+            )
     for k, stamp in table.attrs.get("note_stamps", {}).items():
         if NOTES[k].stamp != stamp:
-            out.append({"kind": "note", "id": k, "verdict": "", "reason":
-                        f"written for stamp {NOTES[k].stamp or 'none'}, results now {stamp}",
-                        "ours": "", "stamp": stamp, "text": NOTES[k].text})
+            out.append(
+                {
+                    "kind": "note",
+                    "id": k,
+                    "verdict": "",
+                    "reason": f"written for stamp {NOTES[k].stamp or 'none'}, results now {stamp}",
+                    "ours": "",
+                    "stamp": stamp,
+                    "text": NOTES[k].text,
+                }
+            )
     return out
 
 
@@ -178,4 +210,3 @@ def write_why(data: dict, path: Path = WHY_FILE) -> None:
 
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110)
     write_atomic(path, WHY_HEADER + body)
-

@@ -34,20 +34,25 @@ class RuleFigure(PerfFigure):
         rules = old[RULE] if RULE in old else pd.Series(None, index=old.index, dtype=object)
         bad = old[~rules.isin(list(LABELS))]
         if len(bad):
-            raise ValueError(f"results/{self.exp}/: cells {sorted(bad['signature'])} are not under the other rules "
-                             f"({RULE} in {sorted(LABELS)}; cells from before {RULE} existed have none): "
-                             f"rerun {self.exp}")
+            raise ValueError(
+                f"results/{self.exp}/: cells {sorted(bad['signature'])} are not under the other rules "
+                f"({RULE} in {sorted(LABELS)}; cells from before {RULE} existed have none): "
+                f"rerun {self.exp}"
+            )
         ca = base[base[SYSTEM].str.startswith("CacheAware")]
         rule = ca[RULE] if RULE in ca else pd.Series(None, index=ca.index, dtype=object)
         if len(ca) and not (rule == "v0_3_2").all():
-            raise ValueError(f"results/{BASE_EXP}/: cache-aware cells {sorted(ca.loc[rule != 'v0_3_2', 'signature'])} "
-                             f"are not under sglang-router 0.3.2's rule ({RULE}=v0_3_2; cells from before the "
-                             f"key existed have no {RULE}): rerun fig2_main")
+            raise ValueError(
+                f"results/{BASE_EXP}/: cache-aware cells {sorted(ca.loc[rule != 'v0_3_2', 'signature'])} "
+                f"are not under sglang-router 0.3.2's rule ({RULE}=v0_3_2; cells from before the "
+                f"key existed have no {RULE}): rerun fig2_main"
+            )
         old[SYSTEM] = old[SYSTEM] + rules.map(LABELS)
         df = pd.concat([base, old], ignore_index=True, sort=False)
         df.attrs = dict(base.attrs)
-        df.attrs["summary_columns"] = sorted(set(base.attrs.get("summary_columns", ()))
-                                             | set(old.attrs.get("summary_columns", ())))
+        df.attrs["summary_columns"] = sorted(
+            set(base.attrs.get("summary_columns", ())) | set(old.attrs.get("summary_columns", ()))
+        )
         # the rule is what the labels show; the pooling check must not see it as a hidden difference
         return df.drop(columns=[c for c in (RULE, "exp", "router.worker_order", "exp_name") if c in df])
 
@@ -62,8 +67,11 @@ def headline(df: pd.DataFrame) -> str:
     for wl in sorted(set(df["workload.name"]), key=lambda w: _facet_rank("workload.name", w)):
         try:
             ours = means[(wl, "LBGR+RLT")]
-            ratios = [f"{means[(wl, 'CacheAware+LRU' + label)] / ours:.2f}x ({label.strip(' ()') or '0.3.2'})"
-                      for label in ("", OLD, SMG) if (wl, "CacheAware+LRU" + label) in means.index]
+            ratios = [
+                f"{means[(wl, 'CacheAware+LRU' + label)] / ours:.2f}x ({label.strip(' ()') or '0.3.2'})"
+                for label in ("", OLD, SMG)
+                if (wl, "CacheAware+LRU" + label) in means.index
+            ]
         except KeyError:
             continue
         if len(ratios) > 1:
@@ -88,4 +96,3 @@ FIGURE = RuleFigure(
     caption_extra=headline,
 )
 render = FIGURE.render
-

@@ -35,8 +35,15 @@ def figure_for(exp: str, results_dir: str | Path) -> PerfFigure:
     if len(candidates) > 1:
         raise ResultsError(f"results/{exp}/: cannot pick one x axis, several fields vary within a system: {candidates}")
     x = candidates[0] if candidates else None
-    return PerfFigure(name=exp, exp=exp, title=f"{exp}: the six systems" + (f" vs {x}" if x else ""),  # counted
-                      kind="sweep" if x else "bars", facets=facets, x=x, x_label=x or "")
+    return PerfFigure(
+        name=exp,
+        exp=exp,
+        title=f"{exp}: the six systems" + (f" vs {x}" if x else ""),  # counted
+        kind="sweep" if x else "bars",
+        facets=facets,
+        x=x,
+        x_label=x or "",
+    )
 
 
 def render(exp: str, results_dir: str | Path, figures_dir: str | Path) -> list[Path]:

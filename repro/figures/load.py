@@ -39,14 +39,7 @@ from repro.results.signature import NON_RESULT_KEYS
 from repro.results.store import CellStore
 
 # The six metrics every performance figure shows (paper §5 "Metrics").
-METRICS: tuple[str, ...] = (
-    "latency_p50_s",
-    "latency_p95_s",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "hit_rate",
-    "throughput_rps",
-)
+METRICS: tuple[str, ...] = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s", "hit_rate", "throughput_rps")
 # Computed per cell from timings.json by add_overheads (ms per query; cpu_s = backend wall time).
 DERIVED: tuple[str, ...] = ("eviction_ms_per_query", "routing_ms_per_query", "cpu_s")
 SYSTEM = "policy_name"
@@ -165,8 +158,10 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
             continue
         integrity, why = CellStore.at(d).integrity()
         if integrity == "damaged":  # never plotted: the figure names it and how to mend it
-            raise ResultsError(f"{d}: damaged ({'; '.join(why)}); rerun its experiment (it recomputes damaged "
-                               f"cells) or delete the folder")
+            raise ResultsError(
+                f"{d}: damaged ({'; '.join(why)}); rerun its experiment (it recomputes damaged "
+                f"cells) or delete the folder"
+            )
         summary = _read_json(summary_path)
         config_path = d / CellStore.CONFIG
         if not config_path.is_file():
@@ -276,7 +271,9 @@ def check_poolable(df: pd.DataFrame, keys: Sequence[str], exp: str) -> None:
         mask = np.logical_and.reduce([b.to_numpy() == g for b, g in zip(by, group)])
         g = df[mask]
         where = dict(zip(keys, g[keys].iloc[0].tolist()))
-        varying = [c for c in cfg_cols if n_values.loc[group if len(group) > 1 else group[0], c] > 1] if cfg_cols else []
+        varying = (
+            [c for c in cfg_cols if n_values.loc[group if len(group) > 1 else group[0], c] > 1] if cfg_cols else []
+        )
         if SEED in g and g[SEED].duplicated().any():
             dups = g[g[SEED].duplicated(keep=False)]
             raise ResultsError(

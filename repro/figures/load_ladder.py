@@ -15,8 +15,17 @@ import pandas as pd
 from repro.figures import captions
 from repro.figures.load import REGIME, SYSTEM
 from repro.figures.perf import PerfFigure, counted, line_style, log_axis
-from repro.figures.style import (METRIC_LABELS, REGIME_NOTE, add_caption, apply_style, regime_legend_handles,
-                                 save_figure, system_colors, system_order, write_text)
+from repro.figures.style import (
+    METRIC_LABELS,
+    REGIME_NOTE,
+    add_caption,
+    apply_style,
+    regime_legend_handles,
+    save_figure,
+    system_colors,
+    system_order,
+    write_text,
+)
 
 RATE, WORKLOAD = "workload.request_rate", "workload.name"
 PANEL_METRICS = ("latency_p50_s", "ttft_p50_s")
@@ -57,8 +66,9 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     workloads = list(dict.fromkeys(agg[WORKLOAD]))
     systems = system_order(agg[SYSTEM])
     colors = system_colors(systems)
-    fig, axes = plt.subplots(len(PANEL_METRICS), len(workloads), figsize=(3.4 * len(workloads), 2.3 * 2 + 0.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(PANEL_METRICS), len(workloads), figsize=(3.4 * len(workloads), 2.3 * 2 + 0.5), squeeze=False
+    )
     for c, wl in enumerate(workloads):
         part = agg[agg[WORKLOAD] == wl]
         for r, metric in enumerate(PANEL_METRICS):
@@ -93,9 +103,15 @@ def caption_text(df: pd.DataFrame, agg: pd.DataFrame) -> str:
         got = firsts.get(str(wl), {})
         said = [f"{s} {got[s]:g}" for s in system_order(got)]
         stable = [s for s in systems if s not in got]
-        parts.append(f"{wl}, the first rate (req/s) at which a system is not stable: " + (", ".join(said) or "none")
-                     + (f"; stable throughout: {', '.join(stable)}" if stable else "") + ".")
+        parts.append(
+            f"{wl}, the first rate (req/s) at which a system is not stable: "
+            + (", ".join(said) or "none")
+            + (f"; stable throughout: {', '.join(stable)}" if stable else "")
+            + "."
+        )
     parts.append(REGIME_NOTE)
-    parts.append("Log axes (x base 2); points of neighbouring systems are shifted slightly sideways so that equal "
-                 "values stay visible (ticks mark the true rate).")
+    parts.append(
+        "Log axes (x base 2); points of neighbouring systems are shifted slightly sideways so that equal "
+        "values stay visible (ticks mark the true rate)."
+    )
     return " ".join(parts)

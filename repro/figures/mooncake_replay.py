@@ -18,7 +18,14 @@ from repro.figures.load import METRICS, SYSTEM, ResultsError
 from repro.results.store import CellStore
 from repro.figures.perf import LOG_SPAN, PerfFigure, line_style, log_axis, wide_range
 from repro.figures.style import (
-    LOG_METRICS, METRIC_LABELS, add_caption, apply_style, save_figure, system_colors, system_order, write_text,
+    LOG_METRICS,
+    METRIC_LABELS,
+    add_caption,
+    apply_style,
+    save_figure,
+    system_colors,
+    system_order,
+    write_text,
 )
 
 WINDOW_S = 120.0
@@ -50,8 +57,9 @@ def over_time(results_dir: str | Path, cells: pd.DataFrame) -> pd.DataFrame:
         r = pd.read_parquet(path, columns=["arrival_s", "first_token_s", "finish_s", "failed"])
         r = r[~r["failed"]]
         w = np.floor(r["arrival_s"].to_numpy() / WINDOW_S).astype(np.int64)
-        d = pd.DataFrame({"window": w, "latency_s": r["finish_s"] - r["arrival_s"],
-                          "ttft_s": r["first_token_s"] - r["arrival_s"]})
+        d = pd.DataFrame(
+            {"window": w, "latency_s": r["finish_s"] - r["arrival_s"], "ttft_s": r["first_token_s"] - r["arrival_s"]}
+        )
         g = d.groupby("window").quantile(QUANTILE)
         g["requests"] = d.groupby("window").size()
         g[SYSTEM] = system
@@ -81,7 +89,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
             ax.set_ylim(bottom=float(np.nanmin(agg[metric].to_numpy(dtype=float))) / 3)
     half = n_cols // 2
     for k, (col, label) in enumerate(TIME_PANELS):
-        ax = fig.add_subplot(grid[1, k * half:(k + 1) * half])
+        ax = fig.add_subplot(grid[1, k * half : (k + 1) * half])
         for s in systems:
             line = ts[ts[SYSTEM] == s].sort_values("t_min")
             ax.plot(line["t_min"], line[col], color=colors[s], **{**line_style(s, systems), "ms": 2.0})
@@ -96,14 +104,25 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     top = 1 - 0.62 / height
     fig.tight_layout(rect=(0, 0, 1, top))
     fig.suptitle(FIGURE.title, y=1 - 0.08 / height, fontsize=9)
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(systems), 9), frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.26 / height))
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=min(len(systems), 9),
+        frameon=False,
+        bbox_to_anchor=(0.5, 1 - 0.26 / height),
+    )
     caption = FIGURE.caption(df)
     add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
     paths = save_figure(fig, figures_dir, NAME)
     paths.append(write_text(figures_dir, f"{NAME}.csv", FIGURE.csv(agg)))
-    paths.append(write_text(figures_dir, f"{NAME}_over_time.csv",
-                            ts[[SYSTEM, "window", "t_min", "requests", "latency_s", "ttft_s"]]
-                            .to_csv(index=False, float_format="%.6g", lineterminator="\n")))
+    paths.append(
+        write_text(
+            figures_dir,
+            f"{NAME}_over_time.csv",
+            ts[[SYSTEM, "window", "t_min", "requests", "latency_s", "ttft_s"]].to_csv(
+                index=False, float_format="%.6g", lineterminator="\n"
+            ),
+        )
+    )
     paths.append(write_text(figures_dir, f"{NAME}.caption.txt", caption + "\n"))
     return paths

@@ -35,14 +35,27 @@ import pandas as pd
 
 from repro.figures import captions
 from repro.figures.load import METRICS, SYSTEM, aggregate, load_cells, require
-from repro.figures.style import (LOG_METRICS, METRIC_LABELS, PAPER_SYSTEMS, REGIME_NOTE, add_caption, apply_style,
-                                 mark_regimes, regime_legend_handles, save_figure, system_colors, system_order,
-                                 write_text)
+from repro.figures.style import (
+    LOG_METRICS,
+    METRIC_LABELS,
+    PAPER_SYSTEMS,
+    REGIME_NOTE,
+    add_caption,
+    apply_style,
+    mark_regimes,
+    regime_legend_handles,
+    save_figure,
+    system_colors,
+    system_order,
+    write_text,
+)
 
 PERCENT_METRICS = ("hit_rate",)
 # Facet rows in the paper's order where it has one; anything else sorts after, by name.
-FACET_ORDER = {"workload.name": ("gsp", "sharegpt", "ultrachat", "loogle"),
-               "model.name": ("llama31_8b", "llama31_70b", "mixtral_8x7b")}
+FACET_ORDER = {
+    "workload.name": ("gsp", "sharegpt", "ultrachat", "loogle"),
+    "model.name": ("llama31_8b", "llama31_70b", "mixtral_8x7b"),
+}
 
 
 def _facet_rank(col: str, v) -> tuple:
@@ -115,7 +128,21 @@ def log_axis(ax, lo: float | None = None, hi: float | None = None) -> None:
         ax.set_ylim(lo / pad, hi * pad)
 
 
-_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+_NUMBER_WORDS = (
+    "no",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
 
 
 def counted(text: str, systems) -> str:
@@ -194,10 +221,16 @@ class PerfFigure:
         extra = [s for s in systems if s not in PAPER_SYSTEMS and s not in self.notes]
         if extra:
             parts.append(f"Beyond the paper's six systems: {', '.join(extra)}.")
-        parts.append(f"All latency and TTFT panels share one scale: logarithmic when the values of any of them span "
-                     f"more than {LOG_SPAN:g}x, else linear" + (" from 0." if self.kind == "bars" else
-                     "; bands are ± SD over seeds where there are several; points of neighbouring systems are "
-                     "shifted slightly sideways so that equal values stay visible (ticks mark the true x)."))
+        parts.append(
+            f"All latency and TTFT panels share one scale: logarithmic when the values of any of them span "
+            f"more than {LOG_SPAN:g}x, else linear"
+            + (
+                " from 0."
+                if self.kind == "bars"
+                else "; bands are ± SD over seeds where there are several; points of neighbouring systems are "
+                "shifted slightly sideways so that equal values stay visible (ticks mark the true x)."
+            )
+        )
         if self.kind == "sweep":
             parts.append(REGIME_NOTE)
         return " ".join(parts)
@@ -244,9 +277,15 @@ class PerfFigure:
                         log_axis(ax, float(vals.min()), max(top, float(vals.max())))
         reference = {s for s in systems if self.kind == "sweep" and agg.loc[agg[SYSTEM] == s, self.x].isna().all()}
         handles = [
-            Patch(facecolor=colors[s], label=s) if self.kind == "bars" else
-            Line2D([0], [0], color=colors[s], label=s,
-                   **({"ls": ":", "lw": 1.2} if s in reference else line_style(s, systems)))
+            Patch(facecolor=colors[s], label=s)
+            if self.kind == "bars"
+            else Line2D(
+                [0],
+                [0],
+                color=colors[s],
+                label=s,
+                **({"ls": ":", "lw": 1.2} if s in reference else line_style(s, systems)),
+            )
             for s in systems
         ]
         if self.kind == "sweep":
@@ -255,8 +294,13 @@ class PerfFigure:
         top = 1 - 0.62 / height  # fixed 0.62 in above the panels for the title and the legend
         fig.tight_layout(rect=(0, 0, 1, top))
         fig.suptitle(counted(self.title, systems), y=1 - 0.08 / height, fontsize=9)
-        fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 8), frameon=False,
-                   bbox_to_anchor=(0.5, 1 - 0.26 / height))
+        fig.legend(
+            handles=handles,
+            loc="upper center",
+            ncol=min(len(handles), 8),
+            frameon=False,
+            bbox_to_anchor=(0.5, 1 - 0.26 / height),
+        )
         caption = self.caption(df)
         add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
         paths = save_figure(fig, figures_dir, self.name)
@@ -269,9 +313,15 @@ class PerfFigure:
         means = metric_values(metric, rows[metric])
         sds = metric_values(metric, rows[f"{metric}_sd"])
         several = (rows["n_seeds"].fillna(1) > 1).to_numpy()
-        ax.bar(np.arange(len(systems)), np.nan_to_num(means), width=0.8, color=[colors[s] for s in systems],
-               yerr=np.where(several, np.nan_to_num(sds), 0.0) if several.any() else None,
-               capsize=2, error_kw={"lw": 0.8})
+        ax.bar(
+            np.arange(len(systems)),
+            np.nan_to_num(means),
+            width=0.8,
+            color=[colors[s] for s in systems],
+            yerr=np.where(several, np.nan_to_num(sds), 0.0) if several.any() else None,
+            capsize=2,
+            error_kw={"lw": 0.8},
+        )
         ax.set_xticks(np.arange(len(systems)))
         ax.set_xticklabels([])
         ax.set_xlim(-0.6, len(systems) - 0.4)

@@ -22,12 +22,21 @@ import pandas as pd
 
 from repro.figures import captions
 from repro.figures.load import REGIME, SEED, SYSTEM, load_cells, require, worst_regime
-from repro.figures.style import (REGIME_NOTE, add_caption, apply_style, mark_regimes, regime_legend_handles,
-                                 save_figure, write_text)
+from repro.figures.style import (
+    REGIME_NOTE,
+    add_caption,
+    apply_style,
+    mark_regimes,
+    regime_legend_handles,
+    save_figure,
+    write_text,
+)
 
 NAME = EXP = "regime_map"
-TITLE = ("Regime map: where LBGR+RLT beats Cache-Aware+LRU (sglang-router 0.3.2 and smg 1.13), and RLT beats LRU, "
-         "on GSP (beyond the paper)")
+TITLE = (
+    "Regime map: where LBGR+RLT beats Cache-Aware+LRU (sglang-router 0.3.2 and smg 1.13), and RLT beats LRU, "
+    "on GSP (beyond the paper)"
+)
 RATE, BUDGET = "workload.request_rate", "cluster.kv_cache_tokens"
 WHY_COMMAND = "python -m repro.analysis.lbgr_diagnostics highload"
 # (panel title, numerator system, denominator system, metric, direction of the paper's claim: -1 = ratio < 1)
@@ -45,8 +54,10 @@ def cells(results_dir: str | Path) -> pd.DataFrame:
     df[BUDGET] = pd.to_numeric(df[BUDGET])
     dup = df.duplicated([SYSTEM, RATE, BUDGET, SEED], keep=False)
     if dup.any():
-        raise ValueError(f"results/{EXP}/: cells {sorted(df.loc[dup, 'signature'])} are the same point and seed "
-                         "(a stale cell from an older grid?)")
+        raise ValueError(
+            f"results/{EXP}/: cells {sorted(df.loc[dup, 'signature'])} are the same point and seed "
+            "(a stale cell from an older grid?)"
+        )
     return df
 
 
@@ -65,13 +76,27 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
             d = np.array([a[s] - b[s] for s in common]) * sign  # > 0: the paper's direction
             outcome = paired(d)
             ratio = float(a.mean() / b.mean()) if b.mean() > 0 else np.nan
-            regimes = [worst_regime(g.loc[(g[SYSTEM] == sys) & g[SEED].isin(common), REGIME]) if REGIME in g else None
-                       for sys in (num, den)]
-            rows.append({"panel": title, "metric": metric, "numerator": num, "denominator": den, RATE: rate,
-                         BUDGET: int(budget), "ratio": ratio, "tie": outcome == TIE,
-                         "paper_direction": outcome > 0, "n_seeds": len(common),
-                         "regime_numerator": regimes[0], "regime_denominator": regimes[1],
-                         REGIME: worst_regime(regimes)})
+            regimes = [
+                worst_regime(g.loc[(g[SYSTEM] == sys) & g[SEED].isin(common), REGIME]) if REGIME in g else None
+                for sys in (num, den)
+            ]
+            rows.append(
+                {
+                    "panel": title,
+                    "metric": metric,
+                    "numerator": num,
+                    "denominator": den,
+                    RATE: rate,
+                    BUDGET: int(budget),
+                    "ratio": ratio,
+                    "tie": outcome == TIE,
+                    "paper_direction": outcome > 0,
+                    "n_seeds": len(common),
+                    "regime_numerator": regimes[0],
+                    "regime_denominator": regimes[1],
+                    REGIME: worst_regime(regimes),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -105,17 +130,29 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
         span = max(span, np.log(1.05))
         # colours: the paper's direction blue, the opposite red (latency: ratio < 1 is the paper's)
         cmap = "RdBu_r" if sign < 0 else "RdBu"
-        im = ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap,
-                       norm=LogNorm(vmin=float(np.exp(-span)), vmax=float(np.exp(span))))
+        im = ax.imshow(
+            grid,
+            origin="lower",
+            aspect="auto",
+            cmap=cmap,
+            norm=LogNorm(vmin=float(np.exp(-span)), vmax=float(np.exp(span))),
+        )
         for i in range(len(budgets)):
             for j in range(len(rates)):
                 v = grid[i, j]
                 if not np.isfinite(v):
                     continue
                 strong = abs(np.log(v)) > 0.6 * span
-                ax.text(j, i, ("≈" if tie[i, j] else "") + f"{v:.2f}", ha="center", va="center", fontsize=6.5,
-                        color="0.45" if tie[i, j] else ("white" if strong else "black"),
-                        style="italic" if tie[i, j] else "normal")
+                ax.text(
+                    j,
+                    i,
+                    ("≈" if tie[i, j] else "") + f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    color="0.45" if tie[i, j] else ("white" if strong else "black"),
+                    style="italic" if tie[i, j] else "normal",
+                )
                 mark_regimes(ax, [j + 0.36], [i + 0.3], [regime[i][j]])
         ax.set_xticks(range(len(rates)))
         ax.set_xticklabels([f"{x:g}" for x in rates])
@@ -139,7 +176,9 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
     caption = caption_text(df, r)
     add_caption(fig, caption, width_chars=int(5.2 * len(PANELS) * 17))
     paths = save_figure(fig, figures_dir, NAME)
-    paths.append(write_text(figures_dir, f"{NAME}.csv", r.to_csv(index=False, float_format="%.6g", lineterminator="\n")))
+    paths.append(
+        write_text(figures_dir, f"{NAME}.csv", r.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    )
     paths.append(write_text(figures_dir, f"{NAME}.caption.txt", caption + "\n"))
     return paths
 
@@ -151,13 +190,17 @@ def caption_text(df: pd.DataFrame, r: pd.DataFrame) -> str:
         holds = int((p["paper_direction"] & ~p["tie"]).sum())
         ties = int(p["tie"].sum())
         parts.append(f"{title}: the paper's direction in {holds} of {len(p)} cells, {ties} ties within noise.")
-    parts.append("Each cell: ratio of seed means, log colour scale centred at 1, blue = the paper's direction "
-                 "(lower latency for LBGR+RLT, higher hit rate for RLT), red = the opposite; '≈' in grey italics = "
-                 "the per-seed difference is within 2 standard errors over seeds (a tie; the claims table's rule). "
-                 "Cache-aware router: the rule in each cell's config (router.generation: v0_3_2 = sglang-router 0.3.2 "
-                 "for CacheAware, smg_1_13 = smg 1.13.0 for CacheAware(smg)).")
-    parts.append(f"Where {PANELS[0][1]} trails {PANELS[0][2]} and why (its predictions against each request's "
-                 f"realised queue wait, prefill and decode): {WHY_COMMAND} (results_analysis/lbgr_highload/table.md; "
-                 "claims note [lbgr-load]).")
+    parts.append(
+        "Each cell: ratio of seed means, log colour scale centred at 1, blue = the paper's direction "
+        "(lower latency for LBGR+RLT, higher hit rate for RLT), red = the opposite; '≈' in grey italics = "
+        "the per-seed difference is within 2 standard errors over seeds (a tie; the claims table's rule). "
+        "Cache-aware router: the rule in each cell's config (router.generation: v0_3_2 = sglang-router 0.3.2 "
+        "for CacheAware, smg_1_13 = smg 1.13.0 for CacheAware(smg))."
+    )
+    parts.append(
+        f"Where {PANELS[0][1]} trails {PANELS[0][2]} and why (its predictions against each request's "
+        f"realised queue wait, prefill and decode): {WHY_COMMAND} (results_analysis/lbgr_highload/table.md; "
+        "claims note [lbgr-load])."
+    )
     parts.append(REGIME_NOTE.replace("point", "cell (either system of the ratio)", 1))
     return " ".join(parts)

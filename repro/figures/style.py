@@ -68,8 +68,9 @@ def mark_regimes(ax, x, y, regimes) -> None:
     for kind, mark in REGIME_MARKS.items():
         sel = [i for i, r in enumerate(regimes) if r == kind]
         if sel:
-            ax.plot([x[i] for i in sel], [y[i] for i in sel], ls="none", zorder=4, clip_on=False, path_effects=halo,
-                    **mark)
+            ax.plot(
+                [x[i] for i in sel], [y[i] for i in sel], ls="none", zorder=4, clip_on=False, path_effects=halo, **mark
+            )
 
 
 def regime_legend_handles(regimes) -> list:
@@ -148,8 +149,18 @@ def write_text(figures_dir: str | Path, filename: str, text: str) -> Path:
 
 
 def latex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
-                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("$", r"\$"),
+        ("#", r"\#"),
+        ("_", r"\_"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("~", r"\textasciitilde{}"),
+        ("^", r"\^{}"),
+    ):
         text = text.replace(a, b)
     return text.replace("±", r"$\pm$").replace("×", r"$\times$").replace("−", "-").replace("Δ", r"$\Delta$")
 
@@ -165,7 +176,10 @@ def write_table(df, figures_dir: str | Path, name: str, caption: str) -> list[Pa
     esc.columns = [latex_escape(str(c)) for c in esc.columns]
     esc = esc.map(lambda v: latex_escape(str(v)))
     tex = esc.style.hide(axis="index").to_latex(
-        caption=latex_escape(caption), label=f"tab:{name}", hrules=True, position="t",
+        caption=latex_escape(caption),
+        label=f"tab:{name}",
+        hrules=True,
+        position="t",
         column_format="l" + "r" * (len(esc.columns) - 1),
     )
     return [write_text(figures_dir, f"{name}.md", md), write_text(figures_dir, f"{name}.tex", tex)]

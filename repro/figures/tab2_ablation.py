@@ -32,7 +32,11 @@ def table(results_dir: str | Path):
 
 def render(results_dir: str | Path = "results", figures_dir: str | Path = "figures") -> list[Path]:
     df, agg, keys = table(results_dir)
-    labels = {"System": SYSTEM} if keys == [SYSTEM] or agg[keys[0]].nunique() == 1 else {"Workload": keys[0], "System": SYSTEM}
+    labels = (
+        {"System": SYSTEM}
+        if keys == [SYSTEM] or agg[keys[0]].nunique() == 1
+        else {"Workload": keys[0], "System": SYSTEM}
+    )
     shown = display(agg, labels, PERF_COLUMNS + OVERHEAD_COLUMNS)
     caption = (
         f"{TITLE}. {captions.provenance_caption(df, keys)} Time metrics in ms (lower is better), hit rate in %, "

@@ -25,8 +25,9 @@ def table(results_dir: str | Path):
     keys = [k for k in ("workload.name",) if k in df] + [EVICTION]
     agg = aggregate(df, keys, EXP, METRICS + DERIVED[:1])
     rank = {"lru": 0, "rlt": 1, "opt": 2}
-    agg = agg.iloc[sorted(range(len(agg)), key=lambda i: tuple(
-        (rank.get(agg[k].iloc[i], 9), str(agg[k].iloc[i])) for k in keys))]
+    agg = agg.iloc[
+        sorted(range(len(agg)), key=lambda i: tuple((rank.get(agg[k].iloc[i], 9), str(agg[k].iloc[i])) for k in keys))
+    ]
     agg = agg.reset_index(drop=True)
     agg["eviction"] = agg[EVICTION].map(lambda e: LABELS.get(e, str(e)))
     return df, agg, keys

@@ -44,7 +44,9 @@ def load(results_dir: str | Path) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df = df[df["granularity"] == "token"]
     df["weight"] = df["num_runs"] * df["phases_measured"]
-    df = df.sort_values(["construction", "policy", "x", "weight", "signature"], ascending=[True, True, True, False, True])
+    df = df.sort_values(
+        ["construction", "policy", "x", "weight", "signature"], ascending=[True, True, True, False, True]
+    )
     return df.drop_duplicates(["construction", "policy", "x"], keep="first").reset_index(drop=True)
 
 
@@ -75,8 +77,15 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
                 ax.fill_between(p["x"], p["ci95_low"], p["ci95_high"], color=colors[pol], alpha=0.25, lw=0)
         # reference curves on top (the measured lines coincide with them)
         ax.plot(xs, xs, ls="--", color="k", lw=0.9, zorder=5, label=f"${xlabel}$ (L-LRU bound)")
-        ax.plot(xs, [sum(1.0 / i for i in range(1, int(x) + 1)) for x in xs], ls=":", color="k", lw=1.1,
-                zorder=5, label=f"$H_{{{xlabel}}}$")
+        ax.plot(
+            xs,
+            [sum(1.0 / i for i in range(1, int(x) + 1)) for x in xs],
+            ls=":",
+            color="k",
+            lw=1.1,
+            zorder=5,
+            label=f"$H_{{{xlabel}}}$",
+        )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(xs)

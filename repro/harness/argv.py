@@ -50,7 +50,7 @@ def _is_override(token: str) -> bool:
 def _rewrite(token: str) -> str:
     for prefix in ("+exp=", "++exp="):
         if token.startswith(prefix):
-            return "exp=" + token[len(prefix):]
+            return "exp=" + token[len(prefix) :]
     return token
 
 

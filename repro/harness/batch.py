@@ -87,8 +87,9 @@ def longest_request(workload_cfg: dict, seed: int) -> int:
     return int(assembly.build_workload({"workload": workload_cfg}, assembly.SeedPlan.spawn(seed, 1)).max_request_tokens)
 
 
-def _prebuild_workloads(cfgs: Sequence[dict], memo: _Memo, put_tasks: Callable[[Sequence[Task]], None],
-                        prebuilt: set[str]) -> None:
+def _prebuild_workloads(
+    cfgs: Sequence[dict], memo: _Memo, put_tasks: Callable[[Sequence[Task]], None], prebuilt: set[str]
+) -> None:
     """Build the workloads the deep checks need on the pool's workers, all at once, and put their
     longest requests into the validation memo: the data sets are tokenised on both cores (not in
     this thread while the workers wait), and a workload is built where its cells run, not once
@@ -115,6 +116,7 @@ def _prebuild_workloads(cfgs: Sequence[dict], memo: _Memo, put_tasks: Callable[[
                 left[0] -= 1
                 if not left[0]:
                     all_done.set()
+
         return done
 
     put_tasks([Task(longest_request, (wl, seed), done_with(wl, seed)) for wl, seed in todo.values()])
@@ -134,16 +136,23 @@ def _plan_order(exps: Sequence[str], composer: GridComposer) -> list[str]:
         try:
             found = repo.load_config(f"exp/{exp}")
             return found is not None and any(
-                str(getattr(d, "group", "")).lstrip("/") == "backend" and getattr(d, "value", None) in NON_SERVING_BACKENDS
-                for d in found.defaults_list or ())
+                str(getattr(d, "group", "")).lstrip("/") == "backend"
+                and getattr(d, "value", None) in NON_SERVING_BACKENDS
+                for d in found.defaults_list or ()
+            )
         except Exception:  # unknown internals or an unreadable file: no reordering
             return False
 
     return sorted(exps, key=lambda e: not first(e))  # stable
 
 
-def _plan(exp: str, overrides: Sequence[str], composer: GridComposer, memo: _Memo,
-          prebuild: Callable[[Sequence[dict]], None] | None = None) -> Planned:
+def _plan(
+    exp: str,
+    overrides: Sequence[str],
+    composer: GridComposer,
+    memo: _Memo,
+    prebuild: Callable[[Sequence[dict]], None] | None = None,
+) -> Planned:
     from hydra import compose
     from omegaconf import OmegaConf
 
@@ -243,17 +252,24 @@ def run_experiments(
                 runnable.append((p, specs))
                 exp_of.update((s.index, p.exp) for s in specs)
                 waiting[p.exp] = {s.index for s in submit(specs, cell_states(specs))}
-        print(f"[plan] {len(exps)} experiment(s), {n_next[0]} cells planned after "
-              f"{time.perf_counter() - t0:.1f} s", file=err, flush=True)
+        print(
+            f"[plan] {len(exps)} experiment(s), {n_next[0]} cells planned after {time.perf_counter() - t0:.1f} s",
+            file=err,
+            flush=True,
+        )
 
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        outcomes: list[CellOutcome] = run_fed_specs(plan, n_jobs=n_jobs, desc=f"{len(exps)} experiments",
-                                                   cost=cell_cost, after=after)
+        outcomes: list[CellOutcome] = run_fed_specs(
+            plan, n_jobs=n_jobs, desc=f"{len(exps)} experiments", cost=cell_cost, after=after
+        )
     except (KeyboardInterrupt, Stopped) as exc:
-        print(f"stopped ({'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else exc}); finished cells are kept, "
-              f"the interrupted ones left no files; rerun to resume", file=err)
+        print(
+            f"stopped ({'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else exc}); finished cells are kept, "
+            f"the interrupted ones left no files; rerun to resume",
+            file=err,
+        )
         code = 130 if isinstance(exc, KeyboardInterrupt) else 143
         return {**{e: code for e in exps}, **{e: c for e, c in codes.items() if c == 2}}
     finally:
@@ -261,7 +277,7 @@ def run_experiments(
     pos = 0
     mine_of = {}
     for p, specs in runnable:  # outcomes come in planning order; the tables go in the order asked
-        mine_of[p.exp] = outcomes[pos:pos + len(specs)]
+        mine_of[p.exp] = outcomes[pos : pos + len(specs)]
         pos += len(specs)
     asked = {e: i for i, e in enumerate(exps)}
     for p, specs in sorted(runnable, key=lambda ps: asked[ps[0].exp]):
@@ -270,8 +286,11 @@ def run_experiments(
         print(format_table(summary_table(p.cells, local)), file=out)
         counts = {s: sum(o.status == s for o in local) for s in ("ran", "copied", "skipped", "failed")}
         root = f"{specs[0].results_dir}/{p.exp}" if specs else "."
-        print(f"{p.exp}: {counts['ran']} ran, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
-              f"skipped (finished), {counts['failed']} failed -> {root}", file=out)
+        print(
+            f"{p.exp}: {counts['ran']} ran, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
+            f"skipped (finished), {counts['failed']} failed -> {root}",
+            file=out,
+        )
         for o in local:
             if o.status == "failed" and not o.extra.get("same_as_cell"):
                 print(f"  cell {o.index} FAILED: {o.error}  (traceback: {o.extra.get('error_file', '?')})", file=out)

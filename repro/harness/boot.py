@@ -18,10 +18,12 @@ from typing import Any
 # The first statements of a spawned worker (`python -c`), before spawn_main imports the parent's
 # main module and this package (1-3 s, more under load): die with the parent (SIGTERM, whose
 # default action ends it while it imports), and end at once if the parent died before that.
-_BOOT = ("import os, signal, sys\n"
-         "if sys.platform.startswith('linux'):\n"
-         "    import ctypes; ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-         "if os.getppid() != {ppid}: os._exit(143)\n")
+_BOOT = (
+    "import os, signal, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    import ctypes; ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != {ppid}: os._exit(143)\n"
+)
 
 
 class BootPopen(popen_spawn_posix.Popen):
@@ -61,7 +63,7 @@ def boot_command_line(ppid: int, **kwds: Any) -> list[str]:
     if "-c" not in cmd:  # a frozen executable: no program to prefix
         return cmd
     i = cmd.index("-c")
-    return [*cmd[:i + 1], _BOOT.format(ppid=int(ppid)) + cmd[i + 1], *cmd[i + 2:]]
+    return [*cmd[: i + 1], _BOOT.format(ppid=int(ppid)) + cmd[i + 1], *cmd[i + 2 :]]
 
 
 class BootProcess(SpawnProcess):

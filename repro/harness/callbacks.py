@@ -74,5 +74,8 @@ class ValidateGridCallback(Callback):
         outcomes = outcomes_from_store(self._specs)
         print(format_table(summary_table(self._cells, outcomes)), flush=True)
         counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "failed", "missing")}
-        print(f"{self._specs[0].exp_name}: {counts['ran']} finished, {counts['failed']} failed, "
-              f"{counts['missing']} missing", flush=True)
+        print(
+            f"{self._specs[0].exp_name}: {counts['ran']} finished, {counts['failed']} failed, "
+            f"{counts['missing']} missing",
+            flush=True,
+        )

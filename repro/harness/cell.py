@@ -77,7 +77,9 @@ class CellSpec:
 class CellOutcome:
     index: int
     signature: str
-    status: str  # "ran" | "copied" (from a finished twin) | "skipped" | "failed" | "busy" (locked by another live process)
+    status: (
+        str  # "ran" | "copied" (from a finished twin) | "skipped" | "failed" | "busy" (locked by another live process)
+    )
     dir: str
     summary: dict | None = None
     error: str | None = None
@@ -305,8 +307,11 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
     try:
         if not get_backend(str(spec.config["backend"]["name"])).deterministic:
             return None
-        exps = sorted(e.name for e in os.scandir(spec.results_dir)
-                      if e.is_dir() and e.name != spec.exp_name and not e.name.startswith("."))
+        exps = sorted(
+            e.name
+            for e in os.scandir(spec.results_dir)
+            if e.is_dir() and e.name != spec.exp_name and not e.name.startswith(".")
+        )
     except Exception:  # unknown backend, unreadable folder: computing it reports what is wrong
         return None
     tracked = str((spec.config.get("tracking") or {}).get("mode", "offline")) != "disabled" and not tracking_off()
@@ -331,8 +336,9 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
     return None
 
 
-def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t0: float,
-           twin: CellStore, files: dict) -> CellOutcome:
+def _adopt(
+    spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t0: float, twin: CellStore, files: dict
+) -> CellOutcome:
     """Fill the cell from its twin's files, in _compute's order (summary.json last): its own
     config.yaml, fingerprint and tracking run; the twin's requests, summary and backend timings
     (timings.json `harness.reused_from` names the twin)."""
@@ -349,9 +355,12 @@ def _adopt(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome, t
             store.write_bytes(REQUESTS, files[REQUESTS])
             store.write_text(REQUESTS_SHA256, files[REQUESTS_SHA256])
         harness = dict(timings.get("harness") or {})
-        harness.update(host=socket.gethostname(), pid=os.getpid(),
-                       started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       reused_from=f"{twin.dir.parent.name}/{twin.dir.name}")
+        harness.update(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            reused_from=f"{twin.dir.parent.name}/{twin.dir.name}",
+        )
         timings["harness"] = harness
         store.write_json(TIMINGS, timings)
         tracker.copy_series(store.dir, twin.dir)
@@ -481,8 +490,14 @@ def _start_tracking(spec: CellSpec, store: CellStore, out: CellOutcome) -> Any:
     tracking = dict(spec.config.get("tracking") or {})
     if tracking_off():
         tracking["mode"] = "disabled"
-    tracker = start_cell_tracking(tracking, cell_dir=store.dir, signature=spec.signature, exp_name=spec.exp_name,
-                                  config=spec.config, name=spec.label)
+    tracker = start_cell_tracking(
+        tracking,
+        cell_dir=store.dir,
+        signature=spec.signature,
+        exp_name=spec.exp_name,
+        config=spec.config,
+        name=spec.label,
+    )
     if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
         _turn_tracking_off()  # start failed (it warned): no other cell of this sweep tries again
         out.extra["tracking_failed"] = True

@@ -41,8 +41,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from repro.harness.boot import BootProcess
-from repro.harness.cell import (CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped,
-                                run_cell_spec)
+from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped, run_cell_spec
 from repro.results import CellStore
 from repro.results.lock import CellLock, signals_deferred
 
@@ -73,8 +72,9 @@ SWEEP_GC_THRESHOLD = (10_000, 10, 100)
 def sweep_gc_thresholds():
     """SWEEP_GC_THRESHOLD (never lower than what is set) for the block, then as before."""
     old = gc.get_threshold()
-    gc.set_threshold(max(old[0], SWEEP_GC_THRESHOLD[0]), max(old[1], SWEEP_GC_THRESHOLD[1]),
-                     max(old[2], SWEEP_GC_THRESHOLD[2]))
+    gc.set_threshold(
+        max(old[0], SWEEP_GC_THRESHOLD[0]), max(old[1], SWEEP_GC_THRESHOLD[1]), max(old[2], SWEEP_GC_THRESHOLD[2])
+    )
     try:
         yield
     finally:
@@ -198,8 +198,13 @@ def _busy_elsewhere(spec: CellSpec) -> bool:
 
 def _died(spec: CellSpec, why: str) -> CellOutcome:
     store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
-    return CellOutcome(spec.index, spec.signature, "failed", str(store.dir),
-                       error=f"worker process died before finishing this cell ({why}); rerun to resume")
+    return CellOutcome(
+        spec.index,
+        spec.signature,
+        "failed",
+        str(store.dir),
+        error=f"worker process died before finishing this cell ({why}); rerun to resume",
+    )
 
 
 class Feed:
@@ -232,8 +237,9 @@ class Feed:
             return items, self._closed
 
 
-def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None],
-              feed: Feed | None = None) -> None:
+def run_cells(
+    specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None], feed: Feed | None = None
+) -> None:
     """Run every spec, then those `feed` brings until it is closed (n_jobs == 1: in this
     process); on_done(outcome) once per spec."""
     begin_sweep()
@@ -247,8 +253,9 @@ def run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOut
 FEED_POLL_S = 0.05
 
 
-def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None],
-               feed: Feed | None = None) -> None:
+def _run_cells(
+    specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOutcome], None], feed: Feed | None = None
+) -> None:
     pending = deque(specs)
     deferred: list[CellSpec] = []
     open_feed = feed is not None
@@ -261,8 +268,10 @@ def _run_cells(specs: Sequence[CellSpec], n_jobs: int, on_done: Callable[[CellOu
             if items:
                 pending.extend(items)
                 # stable: equal costs keep their order; tasks first (what they follow is done)
-                ordered = sorted(pending, key=lambda s: -math.inf if isinstance(s, Task) else
-                                 -feed.cost(s) if feed.cost is not None else 0.0)
+                ordered = sorted(
+                    pending,
+                    key=lambda s: -math.inf if isinstance(s, Task) else -feed.cost(s) if feed.cost is not None else 0.0,
+                )
                 pending.clear()
                 pending.extend(ordered)
 

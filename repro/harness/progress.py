@@ -26,8 +26,16 @@ def _eta(done: int, total: int, elapsed: float) -> str:
 class SweepProgress:
     """update(failed=...) once per finished cell; close() at the end."""
 
-    def __init__(self, total: int, desc: str, *, stream: TextIO | None = None, min_interval_s: float = 1.0,
-                 tty: bool | None = None, done: int = 0):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        *,
+        stream: TextIO | None = None,
+        min_interval_s: float = 1.0,
+        tty: bool | None = None,
+        done: int = 0,
+    ):
         self.total, self.desc = int(total), desc
         self.stream = stream or sys.stderr
         self.done, self.failed = int(done), 0
@@ -40,13 +48,16 @@ class SweepProgress:
         if tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=self.done, desc=desc, unit="cell", file=self.stream,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self.total, initial=self.done, desc=desc, unit="cell", file=self.stream, dynamic_ncols=True
+            )
 
     def line(self) -> str:
         elapsed = time.monotonic() - self._t0
-        return (f"[{self.desc}] {self.done}/{self.total} cells done, {self.failed} failed, "
-                f"{elapsed:.0f} s elapsed, ETA {_eta(self.done, self.total, elapsed)}")
+        return (
+            f"[{self.desc}] {self.done}/{self.total} cells done, {self.failed} failed, "
+            f"{elapsed:.0f} s elapsed, ETA {_eta(self.done, self.total, elapsed)}"
+        )
 
     def update(self, failed: bool = False) -> None:
         self.done += 1
@@ -85,8 +96,15 @@ def outcomes_from_store(specs: Sequence[Any]) -> list:
             out.append(CellOutcome(s.index, s.signature, "ran", str(store.dir), summary=store.read_summary()))
         else:
             failed = store.path(store.ERROR).is_file()
-            out.append(CellOutcome(s.index, s.signature, "failed" if failed else "missing", str(store.dir),
-                                   error="see error.txt" if failed else "no result"))
+            out.append(
+                CellOutcome(
+                    s.index,
+                    s.signature,
+                    "failed" if failed else "missing",
+                    str(store.dir),
+                    error="see error.txt" if failed else "no result",
+                )
+            )
     return out
 
 

@@ -130,7 +130,11 @@ class _Triage:
             if state == "fresh" or (state == "stale" and spec.keep_stale):
                 store = CellStore(spec.results_dir, spec.exp_name, spec.signature)
                 self.outcomes[spec.index] = CellOutcome(
-                    spec.index, spec.signature, "skipped", str(store.dir), summary=store.read_summary(),
+                    spec.index,
+                    spec.signature,
+                    "skipped",
+                    str(store.dir),
+                    summary=store.read_summary(),
                     extra={"stale": why} if state == "stale" else {},
                 )
             else:
@@ -149,8 +153,10 @@ class _Triage:
                     first.dir,
                     summary=first.summary,
                     error=first.error,
-                    extra={"same_as_cell": first.index,
-                           **({"stale": first.extra["stale"]} if "stale" in first.extra else {})},
+                    extra={
+                        "same_as_cell": first.index,
+                        **({"stale": first.extra["stale"]} if "stale" in first.extra else {}),
+                    },
                 )
         return [outcomes[s.index] for s in specs]
 
@@ -165,8 +171,12 @@ class _Done:
         self.outcomes[out.index] = out
         if out.extra.get("tracking_failed") and not self.warned:
             self.warned = True
-            print(f"repro.run: warning: W&B tracking failed to start (cell {out.index}); tracking is off for "
-                  f"the rest of this sweep, local results are unaffected", file=sys.stderr, flush=True)
+            print(
+                f"repro.run: warning: W&B tracking failed to start (cell {out.index}); tracking is off for "
+                f"the rest of this sweep, local results are unaffected",
+                file=sys.stderr,
+                flush=True,
+            )
         self.bar.update(failed=out.status == "failed")
 
 
@@ -263,13 +273,22 @@ def summary_table(cells: Sequence[Cell], outcomes: Sequence[CellOutcome]):
         row: dict[str, Any] = {"cell": c.index}
         for k in swept_keys:
             row[k] = c.swept.get(k)
-        row["status"] = o.status + (" (stale)" if o.extra.get("stale") else " (was stale)" if o.extra.get("was_stale")
-                                    else " (was damaged)" if o.extra.get("was_damaged") else "")
+        row["status"] = o.status + (
+            " (stale)"
+            if o.extra.get("stale")
+            else " (was stale)"
+            if o.extra.get("was_stale")
+            else " (was damaged)"
+            if o.extra.get("was_damaged")
+            else ""
+        )
         row["sig"] = o.signature
         summ = o.summary or {}
-        keys = [k for k in TABLE_METRICS if k in summ] or [k for k in THEORY_METRICS if k in summ] or [
-            k for k, v in summ.items() if k != "provenance" and isinstance(v, (int, float))
-        ]
+        keys = (
+            [k for k in TABLE_METRICS if k in summ]
+            or [k for k in THEORY_METRICS if k in summ]
+            or [k for k, v in summ.items() if k != "provenance" and isinstance(v, (int, float))]
+        )
         for k in keys:
             row[k] = summ[k]
         rows.append(row)
@@ -324,8 +343,11 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
         keep = bool(specs) and specs[0].keep_stale
         to_run = len(specs) - n_fresh - (n_stale if keep else 0)
         damaged = f", {n_damaged} damaged" if n_damaged else ""
-        print(f"{exp}: {len(specs)} cell(s), {n_fresh} finished, {n_stale} stale"
-              f"{' (kept: keep_stale=true)' if keep else ''}{damaged}, {to_run} to run", file=out)
+        print(
+            f"{exp}: {len(specs)} cell(s), {n_fresh} finished, {n_stale} stale"
+            f"{' (kept: keep_stale=true)' if keep else ''}{damaged}, {to_run} to run",
+            file=out,
+        )
         return 0
     check_writable(specs)
     if n_jobs is None:
@@ -347,8 +369,11 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
         clear_stop()
     root = Path(specs[0].results_dir) / exp if specs else Path(".")
     if stopped is not None:
-        print(f"{exp}: stopped ({'Ctrl-C' if isinstance(stopped, KeyboardInterrupt) else stopped}); finished cells "
-              f"are kept, the interrupted ones left no files; rerun to resume -> {root}", file=sys.stderr)
+        print(
+            f"{exp}: stopped ({'Ctrl-C' if isinstance(stopped, KeyboardInterrupt) else stopped}); finished cells "
+            f"are kept, the interrupted ones left no files; rerun to resume -> {root}",
+            file=sys.stderr,
+        )
         return 130 if isinstance(stopped, KeyboardInterrupt) else 143
     print(format_table(summary_table(cells, outcomes)), file=out)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "copied", "skipped", "failed")}
@@ -356,17 +381,24 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     n_rerun = sum(bool(o.extra.get("was_stale")) for o in outcomes)
     kept = f", {n_stale} of them stale (kept: keep_stale=true)" if n_stale else ""
     n_damaged = sum(bool(o.extra.get("was_damaged")) for o in outcomes)
-    rerun = ", ".join(x for x in (f"{n_rerun} were stale" if n_rerun else "",
-                                  f"{n_damaged} were damaged" if n_damaged else "") if x)
+    rerun = ", ".join(
+        x for x in (f"{n_rerun} were stale" if n_rerun else "", f"{n_damaged} were damaged" if n_damaged else "") if x
+    )
     rerun = f" ({rerun})" if rerun else ""
-    print(f"{exp}: {counts['ran']} ran{rerun}, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
-          f"skipped (finished{kept}), {counts['failed']} failed -> {root}", file=out)
+    print(
+        f"{exp}: {counts['ran']} ran{rerun}, {counts['copied']} copied (from a finished twin), {counts['skipped']} "
+        f"skipped (finished{kept}), {counts['failed']} failed -> {root}",
+        file=out,
+    )
     for o in outcomes:
         if o.extra.get("was_damaged"):
             print(f"  cell {o.index} was damaged, recomputed: {o.dir}: {'; '.join(o.extra['was_damaged'])}", file=out)
         if o.status == "failed" and not o.extra.get("same_as_cell"):
-            where = f"(traceback: {o.extra['error_file']})" if o.extra.get("error_file") else \
-                f"(no error.txt could be written; last line: {(o.traceback or '').strip().splitlines()[-1:]})"
+            where = (
+                f"(traceback: {o.extra['error_file']})"
+                if o.extra.get("error_file")
+                else f"(no error.txt could be written; last line: {(o.traceback or '').strip().splitlines()[-1:]})"
+            )
             print(f"  cell {o.index} FAILED: {o.error}  {where}", file=out)
     return exit_code(outcomes)
 

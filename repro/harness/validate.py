@@ -94,8 +94,10 @@ def value_errors(cfg: Mapping) -> list[str]:
         f"exp_name must be a plain folder name (got {exp_name!r})",
     )
     results_dir = cfg.get("results_dir")
-    need(isinstance(results_dir, str) and results_dir.strip() != "",  # empty would mean the project root
-         f"results_dir must name a folder (got {results_dir!r}; default: results)")
+    need(
+        isinstance(results_dir, str) and results_dir.strip() != "",  # empty would mean the project root
+        f"results_dir must name a folder (got {results_dir!r}; default: results)",
+    )
     mode = get_path(cfg, "tracking.mode")
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
     stream, points = get_path(cfg, "tracking.stream"), get_path(cfg, "tracking.max_points")
@@ -127,8 +129,11 @@ def value_errors(cfg: Mapping) -> list[str]:
     if sched is not None and not isinstance(sched, Mapping):
         errs.append(f"cluster.scheduler must be a mapping (got {sched!r})")
     else:  # unknown keys are the schema's to report
-        errs.extend(SchedulerConfig.problems({k: v for k, v in (sched or {}).items()
-                                              if k in SchedulerConfig.__dataclass_fields__}))
+        errs.extend(
+            SchedulerConfig.problems(
+                {k: v for k, v in (sched or {}).items() if k in SchedulerConfig.__dataclass_fields__}
+            )
+        )
 
     wl = cfg.get("workload")
     if not isinstance(wl, Mapping) or not wl:

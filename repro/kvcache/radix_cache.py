@@ -69,8 +69,20 @@ class Node:
     """
 
     __slots__ = (
-        "key", "n", "depth", "parent", "children", "lock_ref", "stamp", "seq",
-        "mark", "lidx", "hdirty", "okey", "tn", "state",
+        "key",
+        "n",
+        "depth",
+        "parent",
+        "children",
+        "lock_ref",
+        "stamp",
+        "seq",
+        "mark",
+        "lidx",
+        "hdirty",
+        "okey",
+        "tn",
+        "state",
     )
 
     def __init__(self, key: bytes, n: int, depth: int, parent: "Node | None", stamp: int, seq: int):

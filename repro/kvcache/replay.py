@@ -212,9 +212,11 @@ def read_trace(path: str) -> list[bytes]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"tokens\": [int, ...]}}") from None
+                raise ValueError(
+                    f'{path}:{lineno}: not valid JSON ({e.msg}); expected {{"tokens": [int, ...]}}'
+                ) from None
             if not isinstance(obj, dict) or not isinstance(obj.get("tokens"), list):
-                raise ValueError(f"{path}:{lineno}: expected an object {{\"tokens\": [int, ...]}}")
+                raise ValueError(f'{path}:{lineno}: expected an object {{"tokens": [int, ...]}}')
             toks = obj["tokens"]
             if not toks:
                 raise ValueError(f"{path}:{lineno}: empty token list")
@@ -231,7 +233,7 @@ def read_trace(path: str) -> list[bytes]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.kvcache.replay", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", required=True, help="jsonl file, one {\"tokens\": [...]} per line")
+    ap.add_argument("--trace", required=True, help='jsonl file, one {"tokens": [...]} per line')
     ap.add_argument("--capacity", type=int, required=True, help="cache capacity B in tokens")
     ap.add_argument("--policy", required=True, choices=replay_policy_names())
     ap.add_argument("--granularity", default="token", choices=GRANULARITIES)

@@ -131,7 +131,9 @@ class TraceIndex:
         got = self._groups_cache.get(batch)
         if got is None:
             n = self.num_paths
-            got = self._groups_cache[batch] = [self.distinct_tokens(range(g, min(n, g + batch))) for g in range(0, n, batch)]
+            got = self._groups_cache[batch] = [
+                self.distinct_tokens(range(g, min(n, g + batch))) for g in range(0, n, batch)
+            ]
         return got
 
     def fiat_phases(self, capacity: int, order: Sequence[int] | None = None) -> list[int]:

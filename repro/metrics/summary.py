@@ -69,7 +69,7 @@ def backlog_slope_rps(arrival_s: np.ndarray, finish_s: np.ndarray) -> float:
 
 
 def load_regime(backlog_slope: float, arrival_rate: float, wait_share_p50: float, util_max: float) -> str | None:
-    """"stable" / "backlogged" / "overloaded" (thresholds above); None without a backlog slope.
+    """ "stable" / "backlogged" / "overloaded" (thresholds above); None without a backlog slope.
 
     A NaN wait share or utilisation (live backends) is no evidence of a backlog."""
     if math.isnan(backlog_slope) or not arrival_rate > 0:

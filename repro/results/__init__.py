@@ -3,8 +3,4 @@
 from repro.results.signature import run_signature, signature_payload
 from repro.results.store import CellStore
 
-__all__ = [
-    "CellStore",
-    "run_signature",
-    "signature_payload",
-]
+__all__ = ["CellStore", "run_signature", "signature_payload"]

@@ -65,12 +65,17 @@ def cmd_status(a) -> int:
     report = cell_report(root, _experiments(root, a.exps))
     bad = False
     for exp, rows in report.items():
-        n_unfinished = sum(1 for d in (root / exp).iterdir()
-                           if d.is_dir() and not d.name.startswith(".") and not (d / CellStore.SUMMARY).exists())
+        n_unfinished = sum(
+            1
+            for d in (root / exp).iterdir()
+            if d.is_dir() and not d.name.startswith(".") and not (d / CellStore.SUMMARY).exists()
+        )
         n = {s: sum(r["state"] == s for r in rows) for s in ("fresh", "stale", "damaged")}
         bad |= bool(n["stale"] or n["damaged"])
-        print(f"{exp:24s} {n['fresh']:4d} fresh  {n['stale']:4d} stale  {n['damaged']:4d} damaged  "
-              f"{n_unfinished:4d} unfinished")
+        print(
+            f"{exp:24s} {n['fresh']:4d} fresh  {n['stale']:4d} stale  {n['damaged']:4d} damaged  "
+            f"{n_unfinished:4d} unfinished"
+        )
         for r in rows:  # every damaged cell by name: it is rerun, never plotted
             if r["state"] == "damaged":
                 print(f"    DAMAGED {root / exp / r['sig']}: {'; '.join(r['why'])}")
@@ -117,8 +122,7 @@ def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[st
     common = set.intersection(*(set(c) for c in (*ca.values(), *cb.values()))) if ca and cb else set()
     # varying WITHIN a folder: a key constant on each side but different between them (results_dir,
     # n_jobs, a changed default) tells no cells apart
-    varying = sorted(k for k in common
-                     if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1)
+    varying = sorted(k for k in common if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1)
 
     def index(cfgs: dict[str, dict]) -> dict[tuple, list[str]]:
         idx: dict[tuple, list[str]] = {}
@@ -130,8 +134,11 @@ def _pair_by_settings(sa: dict[str, Path], sb: dict[str, Path]) -> list[tuple[st
     pairs = []
     for key, sigs in ia.items():
         if len(sigs) == 1 and len(ib.get(key, [])) == 1:
-            label = " ".join(f"{k}={json.loads(v)}" for k, v in zip(varying, key)
-                             if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1)
+            label = " ".join(
+                f"{k}={json.loads(v)}"
+                for k, v in zip(varying, key)
+                if len({c[k] for c in ca.values()}) > 1 or len({c[k] for c in cb.values()}) > 1
+            )
             pairs.append((sigs[0], ib[key][0], label))
     return pairs
 
@@ -179,9 +186,11 @@ def cmd_diff(a) -> int:
     lines, c = diff_folders(left, right, a.exps or [])
     for line in lines:
         print(line)
-    print(f"{c['compared']} cell(s) in both ({left} -> {right}; {c['by_settings']} of them paired by their "
-          f"swept settings, the signature having changed): {c['differ']} differ; "
-          f"{c['only_a']} only in {left}, {c['only_b']} only in {right}")
+    print(
+        f"{c['compared']} cell(s) in both ({left} -> {right}; {c['by_settings']} of them paired by their "
+        f"swept settings, the signature having changed): {c['differ']} differ; "
+        f"{c['only_a']} only in {left}, {c['only_b']} only in {right}"
+    )
     return 1 if c["differ"] else 0
 
 
@@ -236,8 +245,10 @@ def cmd_verify(a) -> int:
                 except Exception as exc:  # a damaged cell is listed; the others are still checked
                     problems = [f"{type(exc).__name__}: {exc}"]
                 bad += bool(problems)
-                print(f"{exp}/{d.name}: " + ("identical" if not problems else "DIFFERENT: " + " | ".join(problems)),
-                      flush=True)
+                print(
+                    f"{exp}/{d.name}: " + ("identical" if not problems else "DIFFERENT: " + " | ".join(problems)),
+                    flush=True,
+                )
     return 1 if bad else 0
 
 

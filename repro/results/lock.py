@@ -101,8 +101,9 @@ def signals_deferred():
 class CellLock:
     """Non-blocking lock on one cell folder. Use try_acquire()/release() or `with`."""
 
-    def __init__(self, cell_dir: str | os.PathLike, *, stale_after_s: float = STALE_AFTER_S,
-                 heartbeat_s: float = HEARTBEAT_S):
+    def __init__(
+        self, cell_dir: str | os.PathLike, *, stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S
+    ):
         self.path = Path(cell_dir) / LOCK
         self.stale_after_s = stale_after_s
         self.heartbeat_s = heartbeat_s

@@ -15,9 +15,20 @@ from repro.fileio import sha256_json
 
 # Top-level config keys that do not affect results.
 NON_RESULT_KEYS: frozenset[str] = frozenset(
-    {"tracking", "hydra", "paths", "launcher", "n_jobs", "results_dir", "exp_name", "local", "run", "keep_stale",
-     "limited_kv_cache_tokens",  # an input table: the resolved cluster.kv_cache_tokens is hashed
-     "reuse_twins"}
+    {
+        "tracking",
+        "hydra",
+        "paths",
+        "launcher",
+        "n_jobs",
+        "results_dir",
+        "exp_name",
+        "local",
+        "run",
+        "keep_stale",
+        "limited_kv_cache_tokens",  # an input table: the resolved cluster.kv_cache_tokens is hashed
+        "reuse_twins",
+    }
 )
 
 

@@ -140,9 +140,13 @@ class CellStore:
     def _covered_files(self) -> list[str]:
         if not self.dir.is_dir():
             return []
-        return sorted(e.name for e in os.scandir(self.dir)
-                      if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
-                      and e.name not in (self.MANIFEST, self.REQUESTS, self.ERROR))
+        return sorted(
+            e.name
+            for e in os.scandir(self.dir)
+            if e.is_file(follow_symlinks=False)
+            and not e.name.startswith(".")
+            and e.name not in (self.MANIFEST, self.REQUESTS, self.ERROR)
+        )
 
     # -- writing ------------------------------------------------------------------------------
 

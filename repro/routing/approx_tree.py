@@ -265,8 +265,12 @@ class ApproximateTree:
             return 0
         u = self.unit
         seq = itertools.count()
-        heap = [(node.tenants[t], next(seq), t, node) for node in self._nodes() if node is not self.root
-                for t in self._leaf_tenants(node)]
+        heap = [
+            (node.tenants[t], next(seq), t, node)
+            for node in self._nodes()
+            if node is not self.root
+            for t in self._leaf_tenants(node)
+        ]
         heapq.heapify(heap)
         removed = 0
         while heap and total > max_units:
@@ -281,8 +285,10 @@ class ApproximateTree:
             parent = node.parent
             if not node.children and not node.tenants:
                 del parent.children[node.key[:u]]
-            if parent is not self.root and tenant in parent.tenants and not any(
-                tenant in c.tenants for c in parent.children.values()
+            if (
+                parent is not self.root
+                and tenant in parent.tenants
+                and not any(tenant in c.tenants for c in parent.children.values())
             ):
                 heapq.heappush(heap, (parent.tenants[tenant], next(seq), tenant, parent))
         return removed

@@ -118,8 +118,10 @@ class CacheAwareRouter(Router):
                 "(seeded | index | explicit list of worker ids), like the real router's registry order"
             )
         if low_match is not None:
-            raise ValueError("cache_aware: low_match was replaced by generation: le_0_2_3 (smallest tree, "
-                             "sglang-router <= 0.2.3) | v0_3_2 (least loaded, the default) | smg_1_13")
+            raise ValueError(
+                "cache_aware: low_match was replaced by generation: le_0_2_3 (smallest tree, "
+                "sglang-router <= 0.2.3) | v0_3_2 (least loaded, the default) | smg_1_13"
+            )
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
         if balance_abs_threshold < 0:

@@ -108,9 +108,7 @@ class LBGRRouter(Router):
         self.load_scale_s = float(load_scale_s)
         self.min_load_weight = None if min_load_weight is None else float(min_load_weight)
         # Lowest theta3 used in a prediction: dE/dP = 1 + theta3 / load_scale_s >= min_load_weight.
-        self._theta3_min = (
-            -math.inf if min_load_weight is None else -(1.0 - self.min_load_weight) * self.load_scale_s
-        )
+        self._theta3_min = -math.inf if min_load_weight is None else -(1.0 - self.min_load_weight) * self.load_scale_s
         self.output_len_prior = float(output_len_prior)
         self.oracle_output_len = bool(oracle_output_len)
         self.cache_factory = cache_factory or make_cache  # (capacity, eviction_cfg, seed)
@@ -322,9 +320,7 @@ class LBGRRouter(Router):
             service, predicted = self._predict_loop(hits, prompt_len, out_len, loads)
             worker = 0
             for i in range(1, len(predicted)):  # argmin; ties -> lower load, then lower id
-                if predicted[i] < predicted[worker] or (
-                    predicted[i] == predicted[worker] and loads[i] < loads[worker]
-                ):
+                if predicted[i] < predicted[worker] or (predicted[i] == predicted[worker] and loads[i] < loads[worker]):
                     worker = i
             s, p, hit = service[worker], loads[worker], hits[worker]
         ts = self.token_scale
@@ -341,9 +337,7 @@ class LBGRRouter(Router):
             return
         worker, phi, base, service, key = record
         if worker != worker_id:
-            raise ValueError(
-                f"request {request.id} was dispatched to worker {worker} but completed on {worker_id}"
-            )
+            raise ValueError(f"request {request.id} was dispatched to worker {worker} but completed on {worker_id}")
         del self.pending[request.id]
         if now_s is not None:
             self._decay.advance(self.load_est, now_s)

@@ -349,7 +349,9 @@ class SharedPrefixIndex:
             child = node.children[path_key[pos : pos + 4]]
             end = pos + len(child.key)
             if end > n or not path_key.startswith(child.key, pos):
-                raise RuntimeError("SharedPrefixIndex out of sync with a tracked cache (no node ends at the evicted leaf)")
+                raise RuntimeError(
+                    "SharedPrefixIndex out of sync with a tracked cache (no node ends at the evicted leaf)"
+                )
             if end > cut:
                 if pos < cut:
                     self._split(child, cut - pos)

@@ -83,9 +83,7 @@ class SimCluster:
         self.router_seed = router_seed
         self._ran = False
 
-    def run(
-        self, progress: Callable[[float], None] | None = None, sampler: "StateSampler | None" = None
-    ) -> SimResult:
+    def run(self, progress: Callable[[float], None] | None = None, sampler: "StateSampler | None" = None) -> SimResult:
         """Simulate to the end; `sampler` (optional) records worker state on a simulated-time grid."""
         if self._ran:
             raise RuntimeError("a SimCluster runs once; build a new one")

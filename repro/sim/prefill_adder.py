@@ -76,8 +76,9 @@ class PrefillAdder:
     def continue_chunk(self, ch: int, n: int, rest: int) -> None:
         """The chunked request's next chunk (`n` of its `rest` tokens) opens the batch."""
 
-    def admit(self, i: int, p: int, c0: int, n_total: int, n_batch: int, rem_input: int, rem_chunk: int,
-              rm: Any) -> bool:
+    def admit(
+        self, i: int, p: int, c0: int, n_total: int, n_batch: int, rem_input: int, rem_chunk: int, rm: Any
+    ) -> bool:
         if n_batch and n_total >= rem_input:  # SGLang: input budget (OTHER)
             return False
         return match_lock_insert(self.w, i, p)  # memory (NO_TOKEN): head-of-line wait
@@ -188,8 +189,9 @@ class SglangPrefillAdder(PrefillAdder):
         # SGLang reserves this chunk (+1 page) and the output with the last chunk
         self.extra, self.pass_phys = self.insertion.continuing_chunk(n, rest, self.w.table.output_len[ch])
 
-    def admit(self, i: int, p: int, c0: int, n_total: int, n_batch: int, rem_input: int, rem_chunk: int,
-              rm: Any) -> bool:
+    def admit(
+        self, i: int, p: int, c0: int, n_total: int, n_batch: int, rem_input: int, rem_chunk: int, rm: Any
+    ) -> bool:
         """SGLang's PrefillAdder.add_one_req memory rule.
 
         SGLang admits when extend + output + 1 (one page) < free + evictable - pass reservations,

@@ -105,7 +105,15 @@ class SimTimings:
     Machine-dependent; goes to timings.json only, never onto the simulated clock.
     """
 
-    __slots__ = ("route_ns", "route_calls", "complete_ns", "complete_calls", "evict_ns", "evict_calls", "evicted_tokens")
+    __slots__ = (
+        "route_ns",
+        "route_calls",
+        "complete_ns",
+        "complete_calls",
+        "evict_ns",
+        "evict_calls",
+        "evicted_tokens",
+    )
 
     def __init__(self) -> None:
         self.route_ns = self.route_calls = 0

@@ -71,8 +71,9 @@ class SchedulerConfig:
                 errs.append(f"cluster.scheduler.{name} must be an integer >= 1 (got {v[name]!r})")
         c = v["chunked_prefill_size"]
         if not (c is None or is_int(c)):  # like SGLang, <= 0 (e.g. -1) turns chunking off
-            errs.append(f"cluster.scheduler.chunked_prefill_size must be an integer, or null / <= 0 for no "
-                        f"chunking (got {c!r})")
+            errs.append(
+                f"cluster.scheduler.chunked_prefill_size must be an integer, or null / <= 0 for no chunking (got {c!r})"
+            )
         for name in ("in_batch_prefix_caching", "exact_budgets"):
             if not isinstance(v[name], bool):
                 errs.append(f"cluster.scheduler.{name} must be true or false (got {v[name]!r})")

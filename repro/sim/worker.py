@@ -20,8 +20,16 @@ from repro.sim.request_table import RequestTable, SimTimings
 from repro.sim.schedule_policy import make_schedule_policy
 from repro.sim.scheduler_config import NO_CHUNK_LIMIT, SchedulerConfig
 
-__all__ = ["NO_CHUNK_LIMIT", "Observer", "RequestTable", "SchedulerConfig", "SimTimings", "SimWorker",
-           "SimWorkerView", "StepInfo"]
+__all__ = [
+    "NO_CHUNK_LIMIT",
+    "Observer",
+    "RequestTable",
+    "SchedulerConfig",
+    "SimTimings",
+    "SimWorker",
+    "SimWorkerView",
+    "StepInfo",
+]
 
 _INF = float("inf")
 _NO_PREFILL: PrefillPass = ([], [], 0, 0.0)  # a decode step's prefill part (never changed)

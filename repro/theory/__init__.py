@@ -4,12 +4,7 @@
 `python -m repro.theory.competitive_ratio` runs the grid (`python -m repro.figures` renders it).
 """
 
-from repro.theory.constructions import (
-    lower_bound_paths,
-    random_prefix_tree_trace,
-    theorem4_trace,
-    theorem5_trace,
-)
+from repro.theory.constructions import lower_bound_paths, random_prefix_tree_trace, theorem4_trace, theorem5_trace
 from repro.theory.experiment import build_cell_trace, harmonic, run_theory_cell
 
 __all__ = [

@@ -48,10 +48,19 @@ def grid(quick: bool = False) -> list[dict]:
             # one base seed per (panel, x): the same seeds everywhere would correlate RLT's
             # errors across x, and map its draws one-to-one onto both constructions (their
             # candidate sets are isomorphic)
-            cells.append({"construction": "thm4", "b_minus_l_plus_1": x, "min_path_len": THM4_L, "beta": 1,
-                          "seed": x, **common})
-            cells.append({"construction": "thm5", "b_minus_l_minus_beta_plus_2": x, "min_path_len": THM5_L,
-                          "beta": THM5_BETA, "seed": 100_000 + x, **common})
+            cells.append(
+                {"construction": "thm4", "b_minus_l_plus_1": x, "min_path_len": THM4_L, "beta": 1, "seed": x, **common}
+            )
+            cells.append(
+                {
+                    "construction": "thm5",
+                    "b_minus_l_minus_beta_plus_2": x,
+                    "min_path_len": THM5_L,
+                    "beta": THM5_BETA,
+                    "seed": 100_000 + x,
+                    **common,
+                }
+            )
     return cells
 
 
@@ -93,10 +102,14 @@ def main(argv=None) -> int:
         s, did = run_cell_stored(params, args.results_dir)
         ran += did
         ci = f"[{s['ci95_low']:.3f}, {s['ci95_high']:.3f}]"
-        print(f"{s['construction']:12} {s['policy']:6} {s['x']:>5} {s['misses_per_phase']:>12.3f} {ci:>19} "
-              f"{s['harmonic']:>7.3f}{'' if did else '  (cached)'}")
+        print(
+            f"{s['construction']:12} {s['policy']:6} {s['x']:>5} {s['misses_per_phase']:>12.3f} {ci:>19} "
+            f"{s['harmonic']:>7.3f}{'' if did else '  (cached)'}"
+        )
     cpu = time.process_time() - c0
-    print(f"{ran} cells run, {len(cells) - ran} skipped as finished; CPU {cpu:.1f} s, wall {time.perf_counter() - t0:.1f} s")
+    print(
+        f"{ran} cells run, {len(cells) - ran} skipped as finished; CPU {cpu:.1f} s, wall {time.perf_counter() - t0:.1f} s"
+    )
     print(f"render the figure: python -m repro.figures thm_competitive_ratio --results-dir {args.results_dir}")
     return 0
 

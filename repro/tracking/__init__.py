@@ -104,8 +104,9 @@ def _write_series_file(cell_dir: Path, series, swept: Mapping[str, Any]) -> dict
 class FileCellTracker(CellTracker):
     """Simulated cells: series file with the results, then the run from the files."""
 
-    def __init__(self, tracking: Mapping[str, Any], *, cell_dir: Path, config: Mapping[str, Any],
-                 swept: Mapping[str, Any]):
+    def __init__(
+        self, tracking: Mapping[str, Any], *, cell_dir: Path, config: Mapping[str, Any], swept: Mapping[str, Any]
+    ):
         super().__init__()
         self._tracking = dict(tracking)
         self._mode = str(tracking.get("mode", "offline"))
@@ -136,8 +137,15 @@ class FileCellTracker(CellTracker):
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         from repro.tracking.upload import write_cell_run
 
-        out = write_cell_run(self._cell_dir, self._mode, config=self._config, summary=summary,
-                             series=self._series, meta=self._meta, swept=self._swept)
+        out = write_cell_run(
+            self._cell_dir,
+            self._mode,
+            config=self._config,
+            summary=summary,
+            series=self._series,
+            meta=self._meta,
+            swept=self._swept,
+        )
         if isinstance(out, Path):
             self.run_dir = out
 
@@ -147,8 +155,16 @@ class LiveCellTracker(CellTracker):
 
     TIME_KEY = "wall_time_s"
 
-    def __init__(self, tracking: Mapping[str, Any], *, cell_dir: Path, signature: str, exp_name: str,
-                 config: Mapping[str, Any], swept: Mapping[str, Any]):
+    def __init__(
+        self,
+        tracking: Mapping[str, Any],
+        *,
+        cell_dir: Path,
+        signature: str,
+        exp_name: str,
+        config: Mapping[str, Any],
+        swept: Mapping[str, Any],
+    ):
         import wandb  # ImportError is handled by start_cell_tracking
 
         super().__init__()
@@ -167,9 +183,15 @@ class LiveCellTracker(CellTracker):
             self._saved_env[var] = os.environ.get(var)
             os.environ[var] = str(wandb_dir / sub)
         mode = str(tracking.get("mode", "offline"))
-        settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, x_save_requirements=False,
-                                  disable_git=True, save_code=False,
-                                  init_timeout=float(tracking.get("init_timeout_s", 60.0)))
+        settings = wandb.Settings(
+            console="off",
+            silent=True,
+            x_disable_stats=True,
+            x_save_requirements=False,
+            disable_git=True,
+            save_code=False,
+            init_timeout=float(tracking.get("init_timeout_s", 60.0)),
+        )
         try:
             self.run = wandb.init(
                 project=tracking.get("project") or "repro",
@@ -314,8 +336,9 @@ def start_cell_tracking(
         if not live:
             inner: CellTracker = FileCellTracker(tracking, cell_dir=Path(cell_dir), config=config, swept=swept)
         else:
-            inner = LiveCellTracker(tracking, cell_dir=Path(cell_dir), signature=signature, exp_name=exp_name,
-                                    config=config, swept=swept)
+            inner = LiveCellTracker(
+                tracking, cell_dir=Path(cell_dir), signature=signature, exp_name=exp_name, config=config, swept=swept
+            )
     except Exception as exc:  # ImportError (no wandb), init errors, timeouts
         _warn("start", exc)
         return CellTracker()

@@ -56,8 +56,16 @@ def artefacts(figures_dir: Path, names: Iterable[str]) -> dict[str, dict[str, An
     return out
 
 
-def log_figures_run(results_dir: str | Path, figures_dir: str | Path, names: Iterable[str], claims=None, *,
-                    mode: str = "offline", project: str | None = None, entity: str | None = None) -> Path | None:
+def log_figures_run(
+    results_dir: str | Path,
+    figures_dir: str | Path,
+    names: Iterable[str],
+    claims=None,
+    *,
+    mode: str = "offline",
+    project: str | None = None,
+    entity: str | None = None,
+) -> Path | None:
     """Log the build; returns the run's directory (None when disabled or W&B failed)."""
     if mode == "disabled":
         return None
@@ -74,11 +82,24 @@ def log_figures_run(results_dir: str | Path, figures_dir: str | Path, names: Ite
             os.environ[v] = str(wdir / sub)
         try:
             run = wandb.init(
-                project=project or "repro", entity=entity, group="figures", job_type="figures",
-                id=f"figures-{root}-{stamp}", name=f"figures · {stamp}", tags=["figures", f"root:{root}"],
-                dir=str(figures_dir), mode=mode, config={"results_dir": str(results_dir), "artefacts": sorted(items)},
-                settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True,
-                                        save_code=False, x_save_requirements=False),
+                project=project or "repro",
+                entity=entity,
+                group="figures",
+                job_type="figures",
+                id=f"figures-{root}-{stamp}",
+                name=f"figures · {stamp}",
+                tags=["figures", f"root:{root}"],
+                dir=str(figures_dir),
+                mode=mode,
+                config={"results_dir": str(results_dir), "artefacts": sorted(items)},
+                settings=wandb.Settings(
+                    console="off",
+                    silent=True,
+                    x_disable_stats=True,
+                    disable_git=True,
+                    save_code=False,
+                    x_save_requirements=False,
+                ),
             )
             payload: dict[str, Any] = {}
             for name, item in items.items():
@@ -102,8 +123,11 @@ def log_figures_run(results_dir: str | Path, figures_dir: str | Path, names: Ite
                 else:
                     os.environ[v] = old
     except Exception as exc:
-        warnings.warn(f"W&B figures run failed ({type(exc).__name__}: {exc}); the figures are unaffected",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"W&B figures run failed ({type(exc).__name__}: {exc}); the figures are unaffected",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 

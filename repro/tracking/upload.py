@@ -142,8 +142,14 @@ def _send_online(run: Mapping[str, Any], cell_dir: Path) -> str:
         dir=str(cell_dir),
         mode="online",
         resume="allow",
-        settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True,
-                                save_code=False, x_save_requirements=False),
+        settings=wandb.Settings(
+            console="off",
+            silent=True,
+            x_disable_stats=True,
+            disable_git=True,
+            save_code=False,
+            x_save_requirements=False,
+        ),
     )
     try:
         if run["time_key"]:
@@ -170,8 +176,11 @@ def upload(results_dir: str | Path, mode: str = "offline", *, project=None, enti
         try:
             exp_dir = cell.parent
             if exp_dir not in by_exp:  # old results: swept keys from the differences between cells
-                configs = {c.name: _load_yaml(c / CellStore.CONFIG) for c in exp_dir.iterdir()
-                           if (c / CellStore.CONFIG).is_file()}
+                configs = {
+                    c.name: _load_yaml(c / CellStore.CONFIG)
+                    for c in exp_dir.iterdir()
+                    if (c / CellStore.CONFIG).is_file()
+                }
                 by_exp[exp_dir] = {"configs": configs, "swept": runs.swept_from_siblings(configs)}
             info = by_exp[exp_dir]
             cfg = info["configs"].get(cell.name)
@@ -191,8 +200,11 @@ def upload(results_dir: str | Path, mode: str = "offline", *, project=None, enti
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.tracking.upload", description=__doc__.split("\n\n")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m repro.tracking.upload",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("results_dir", help="a results root, one experiment folder or one cell folder")
     ap.add_argument("--mode", choices=("offline", "online"), default="offline")
     ap.add_argument("--project", default=None, help="W&B project (default: the cells' tracking.project)")

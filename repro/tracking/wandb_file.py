@@ -198,8 +198,14 @@ def _column_items(prefix: bytes, values: Sequence[Any], fmt: str | None = None) 
     return out
 
 
-def history_records(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, runtime: Sequence[float], t0: float,
-                    formats: Sequence[str | None] | None = None):
+def history_records(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    runtime: Sequence[float],
+    t0: float,
+    formats: Sequence[str | None] | None = None,
+):
     """history_record() of every row (+ _step/_runtime/_timestamp; NaN cells left out), encoded
     column by column with the per-column bytes precomputed: the hot loop of a cell's run."""
     rows = list(rows)
@@ -288,8 +294,18 @@ def write_offline_run(
 
     def records():
         yield header_record()
-        yield run_record(run_id=run_id, project=project, entity=entity, group=group, job_type=job_type,
-                         name=name, tags=tags, config=config, start_time=start_time, host=host)
+        yield run_record(
+            run_id=run_id,
+            project=project,
+            entity=entity,
+            group=group,
+            job_type=job_type,
+            name=name,
+            tags=tags,
+            config=config,
+            start_time=start_time,
+            host=host,
+        )
         if time_key:
             yield metric_record(name=time_key)
             yield metric_record(glob_name="*", step_metric=time_key)

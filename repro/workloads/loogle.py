@@ -109,15 +109,26 @@ class LooGLEWorkload(WorkloadSpec):
             # an explicit path that holds no data is a mistake, not a request for the stand-in
             if self.cfg["source"] == "real" or self.cfg["path"] is not None:
                 raise missing_data(
-                    "loogle", path, f"{DATASET_ID}, config {self.cfg['config']}",
+                    "loogle",
+                    path,
+                    f"{DATASET_ID}, config {self.cfg['config']}",
                     f"the {self.cfg['config']} split as jsonl, one document per line",
                 )
             return stand_in
         # default location labelled machine-independently (provenance goes into summaries)
-        label = (str(self.cfg["path"]) if self.cfg["path"] is not None
-                 else f"$REPRO_DATA_DIR/loogle/{self.cfg['config']}.jsonl")
-        return DataSource(kind="real", path=path, label=label, sha256=_cache.file_sha256(path),
-                          size_bytes=path.stat().st_size, dataset_id=f"{DATASET_ID} ({self.cfg['config']})")
+        label = (
+            str(self.cfg["path"])
+            if self.cfg["path"] is not None
+            else f"$REPRO_DATA_DIR/loogle/{self.cfg['config']}.jsonl"
+        )
+        return DataSource(
+            kind="real",
+            path=path,
+            label=label,
+            sha256=_cache.file_sha256(path),
+            size_bytes=path.stat().st_size,
+            dataset_id=f"{DATASET_ID} ({self.cfg['config']})",
+        )
 
     def _read_real(self, path: Path) -> tuple[list[tuple[str, list[tuple[str, str]]]], dict]:
         docs = []
@@ -161,8 +172,12 @@ class LooGLEWorkload(WorkloadSpec):
         b = PoolBuilder(tokenizer)
         counters = ChatCounters()
         common = dict(
-            output_len=c["output_len"], eos_id=tokenizer.eos_id, max_context_len=c["max_context_len"],
-            min_tokens=c["min_tokens"], min_reply_tokens=None, counters=counters,
+            output_len=c["output_len"],
+            eos_id=tokenizer.eos_id,
+            max_context_len=c["max_context_len"],
+            min_tokens=c["min_tokens"],
+            min_reply_tokens=None,
+            counters=counters,
         )
         prov: dict = {"mode": c["mode"]}
         if data.kind == "real":
@@ -170,8 +185,13 @@ class LooGLEWorkload(WorkloadSpec):
             if not docs:
                 raise WorkloadError(f"workload 'loogle': no document with questions in {data.path} ({stats})")
             stream = ((*docs[i], None) for i in component_rng(seed, "sample").permutation(len(docs)).tolist())
-            prov.update({"rows_read": stats["rows_read"], "malformed_rows": stats["malformed_rows"],
-                         "usable_documents": len(docs)})
+            prov.update(
+                {
+                    "rows_read": stats["rows_read"],
+                    "malformed_rows": stats["malformed_rows"],
+                    "usable_documents": len(docs),
+                }
+            )
             filtered = {"documents_without_questions": stats["documents_without_questions"]}
         else:
             stream = self._stand_in_docs(component_rng(seed, "loogle.stand_in"), tokenizer)
@@ -190,8 +210,9 @@ class LooGLEWorkload(WorkloadSpec):
             before = len(b)
             if c["mode"] == "shared_prefix":
                 for q, a in qas:
-                    if add_conversation(b, [Turn([doc_part, "Question: " + q], a)], group_id=n_docs,
-                                        conversation_id=next_conv, **common):
+                    if add_conversation(
+                        b, [Turn([doc_part, "Question: " + q], a)], group_id=n_docs, conversation_id=next_conv, **common
+                    ):
                         next_conv += 1
             else:
                 turns = [Turn([doc_part, "Question: " + qas[0][0]], qas[0][1])]

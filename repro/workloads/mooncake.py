@@ -109,8 +109,10 @@ def _row_problem(obj, block_size: int) -> str | None:
         return f"hash_ids must be a list of integers in [0, 2^32), got {str(ids)[:60]}"
     want = -(-n_in // block_size)
     if len(ids) != want:
-        return (f"{len(ids)} hash_ids for input_length {n_in}: expected ceil({n_in} / block_size {block_size}) "
-                f"= {want} (is workload.block_size right for this trace?)")
+        return (
+            f"{len(ids)} hash_ids for input_length {n_in}: expected ceil({n_in} / block_size {block_size}) "
+            f"= {want} (is workload.block_size right for this trace?)"
+        )
     return None
 
 
@@ -151,8 +153,12 @@ def read_trace(path: Path, block_size: int) -> dict:
         )
     if not ts:
         raise WorkloadError(f"workload 'mooncake': {path} holds no requests")
-    return {"timestamp_ms": np.asarray(ts), "input_length": np.asarray(n_in, dtype=np.int64),
-            "output_length": np.asarray(n_out, dtype=np.int64), "hash_ids": ids}
+    return {
+        "timestamp_ms": np.asarray(ts),
+        "input_length": np.asarray(n_in, dtype=np.int64),
+        "output_length": np.asarray(n_out, dtype=np.int64),
+        "hash_ids": ids,
+    }
 
 
 def trace_stats(timestamp_ms: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, hash_ids: list) -> dict:
@@ -186,8 +192,9 @@ def _groups(hash_ids: list) -> np.ndarray:
         if common == 0:
             break
     seen: dict = {}
-    return np.array([seen.setdefault(h[common] if len(h) > common else None, len(seen)) for h in hash_ids],
-                    dtype=np.int64)
+    return np.array(
+        [seen.setdefault(h[common] if len(h) > common else None, len(seen)) for h in hash_ids], dtype=np.int64
+    )
 
 
 class MooncakeWorkload(WorkloadSpec):
@@ -214,8 +221,10 @@ class MooncakeWorkload(WorkloadSpec):
         p.choice(c, "arrivals", ("trace", "poisson"))
         if c.get("arrivals") == "trace":
             if c.get("request_rate") is not None:
-                p.add("request_rate applies to arrivals=poisson; with arrivals=trace the timestamps set the rate "
-                      "(use speedup to replay faster or slower)")
+                p.add(
+                    "request_rate applies to arrivals=poisson; with arrivals=trace the timestamps set the rate "
+                    "(use speedup to replay faster or slower)"
+                )
             if c.get("order") not in (None, "trace"):
                 p.add(f"order={c.get('order')} needs arrivals=poisson (trace timestamps belong to the trace order)")
 
@@ -226,9 +235,14 @@ class MooncakeWorkload(WorkloadSpec):
             path, label = Path(self.cfg["path"]).expanduser(), str(self.cfg["path"])
         if not path.is_file():
             raise WorkloadError(f"workload 'mooncake': trace file not found: {path} (format: {DATASET_ID})")
-        return DataSource(kind="real", path=path, label=label, sha256=_cache.file_sha256(path),
-                          size_bytes=path.stat().st_size,
-                          dataset_id=DATASET_ID if self.cfg["path"] is None else "Mooncake-format trace")
+        return DataSource(
+            kind="real",
+            path=path,
+            label=label,
+            sha256=_cache.file_sha256(path),
+            size_bytes=path.stat().st_size,
+            dataset_id=DATASET_ID if self.cfg["path"] is None else "Mooncake-format trace",
+        )
 
     def build(self, seed: int, use_cache: bool = True) -> Workload:
         # No pool cache: ids come from hash ids arithmetically (faster than reading a cache file).
@@ -246,8 +260,10 @@ class MooncakeWorkload(WorkloadSpec):
             rows = rows[fits]
         want = len(rows) if c["num_queries"] is None else c["num_queries"]
         if want > len(rows):
-            raise WorkloadError(f"workload 'mooncake': num_queries={want} but the trace has {len(rows)} requests"
-                                + (f" ({over} over max_context_len)" if over else ""))
+            raise WorkloadError(
+                f"workload 'mooncake': num_queries={want} but the trace has {len(rows)} requests"
+                + (f" ({over} over max_context_len)" if over else "")
+            )
         rows = rows[:want]
         hash_ids = [t["hash_ids"][r] for r in rows.tolist()]
         group = _groups(hash_ids)
@@ -273,21 +289,33 @@ class MooncakeWorkload(WorkloadSpec):
             prompt.flags.writeable = False
             gen = output_tokens(r, int(out_len[r]))
             gen.flags.writeable = False
-            requests.append(Request(id=rid, arrival_s=float(at), prompt_tokens=prompt, output_len=len(gen),
-                                    generated_tokens=gen, group_id=int(group[k]), conversation_id=r, turn=0))
+            requests.append(
+                Request(
+                    id=rid,
+                    arrival_s=float(at),
+                    prompt_tokens=prompt,
+                    output_len=len(gen),
+                    generated_tokens=gen,
+                    group_id=int(group[k]),
+                    conversation_id=r,
+                    turn=0,
+                )
+            )
         prov = data.provenance()
-        prov.update({
-            "workload": self.name,
-            "rows_read": n_file,
-            "malformed_rows": 0,
-            "filtered": {"over_max_context_len": over} if over else {},
-            "tokenizer": {"kind": "hash_blocks", "name": TOKEN_SCHEME, "block_size": bs},
-            "trace": trace_stats(ts, t["input_length"][rows], out_len[rows], hash_ids),
-            "sample_seed": int(seed),
-            "order": c["order"],
-            "arrivals": c["arrivals"],
-            "request_rate": c["request_rate"],
-            "num_requests": len(requests),
-            "config": dict(c),
-        })
+        prov.update(
+            {
+                "workload": self.name,
+                "rows_read": n_file,
+                "malformed_rows": 0,
+                "filtered": {"over_max_context_len": over} if over else {},
+                "tokenizer": {"kind": "hash_blocks", "name": TOKEN_SCHEME, "block_size": bs},
+                "trace": trace_stats(ts, t["input_length"][rows], out_len[rows], hash_ids),
+                "sample_seed": int(seed),
+                "order": c["order"],
+                "arrivals": c["arrivals"],
+                "request_rate": c["request_rate"],
+                "num_requests": len(requests),
+                "config": dict(c),
+            }
+        )
         return Workload(self.name, requests, prov)

@@ -43,7 +43,7 @@ class PieceTexts:
         return len(self.start)
 
     def __getitem__(self, i: int) -> str:
-        return "".join(self._lookup.take(self.idx[self.start[i]:self.end[i]]).tolist())
+        return "".join(self._lookup.take(self.idx[self.start[i] : self.end[i]]).tolist())
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
@@ -54,7 +54,7 @@ class PieceTexts:
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
     def segment_pieces(self, i: int) -> np.ndarray:
-        return self.idx[self.start[i]:self.end[i]]
+        return self.idx[self.start[i] : self.end[i]]
 
 
 @dataclass
@@ -144,8 +144,13 @@ class Pool:
                 texts = self.seg_texts
                 text_len = np.array([len(t) if t.isascii() else len(_utf8(t)) for t in texts], dtype=np.int64)
                 _write_members(zf, {"seg_text_off": lambda: _offsets(text_len)})
-                _write_chunked(zf, "seg_text", "|u1", int(text_len.sum()),  # the text blob, a chunk at a time
-                               (_utf8("".join(texts[i : i + 4096])) for i in range(0, len(texts), 4096)))
+                _write_chunked(
+                    zf,
+                    "seg_text",
+                    "|u1",
+                    int(text_len.sum()),  # the text blob, a chunk at a time
+                    (_utf8("".join(texts[i : i + 4096])) for i in range(0, len(texts), 4096)),
+                )
 
     def _write_piece_texts(self, zf: zipfile.ZipFile) -> None:
         """The pieces (as a text blob) and each segment's piece indices, in segment order."""
@@ -158,9 +163,16 @@ class Pool:
             "seg_piece_off": lambda: _offsets(seg_n),
         }
         _write_members(zf, arrays)
-        _write_chunked(zf, "seg_piece", t.idx.dtype.str, int(seg_n.sum()),  # a chunk of segments at a time
-                       (b"".join([t.segment_pieces(j).tobytes() for j in range(i, min(i + 4096, len(t)))])
-                        for i in range(0, len(t), 4096)))
+        _write_chunked(
+            zf,
+            "seg_piece",
+            t.idx.dtype.str,
+            int(seg_n.sum()),  # a chunk of segments at a time
+            (
+                b"".join([t.segment_pieces(j).tobytes() for j in range(i, min(i + 4096, len(t)))])
+                for i in range(0, len(t), 4096)
+            ),
+        )
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()

@@ -29,8 +29,19 @@ if TYPE_CHECKING:
 # constructor and the two lazily built fields are written by hand.
 @dataclass(frozen=True, eq=False, init=False, repr=False)
 class Request:
-    __slots__ = ("id", "arrival_s", "output_len", "generated_tokens", "group_id", "conversation_id", "turn",
-                 "_prompt", "_text", "_pool", "_q")
+    __slots__ = (
+        "id",
+        "arrival_s",
+        "output_len",
+        "generated_tokens",
+        "group_id",
+        "conversation_id",
+        "turn",
+        "_prompt",
+        "_text",
+        "_pool",
+        "_q",
+    )
     id: int
     arrival_s: float
     prompt_tokens: np.ndarray  # int32 token ids of the whole prompt (history included)
@@ -41,9 +52,18 @@ class Request:
     turn: int
     text: str | None  # prompt text when the workload has it
 
-    def __init__(self, id: int, arrival_s: float, prompt_tokens: np.ndarray, output_len: int,
-                 generated_tokens: np.ndarray, group_id: int, conversation_id: int, turn: int,
-                 text: str | None = None) -> None:
+    def __init__(
+        self,
+        id: int,
+        arrival_s: float,
+        prompt_tokens: np.ndarray,
+        output_len: int,
+        generated_tokens: np.ndarray,
+        group_id: int,
+        conversation_id: int,
+        turn: int,
+        text: str | None = None,
+    ) -> None:
         s = object.__setattr__
         s(self, "id", id)
         s(self, "arrival_s", arrival_s)
@@ -115,10 +135,24 @@ class Request:
 
     def __reduce__(self):
         # pickled as a plain request: the pool stays behind
-        return (Request, (self.id, self.arrival_s, self.prompt_tokens, self.output_len, self.generated_tokens,
-                          self.group_id, self.conversation_id, self.turn, self.text))
+        return (
+            Request,
+            (
+                self.id,
+                self.arrival_s,
+                self.prompt_tokens,
+                self.output_len,
+                self.generated_tokens,
+                self.group_id,
+                self.conversation_id,
+                self.turn,
+                self.text,
+            ),
+        )
 
     def __repr__(self) -> str:
-        return (f"Request(id={self.id!r}, arrival_s={self.arrival_s!r}, prompt_len={self.prompt_len}, "
-                f"output_len={self.output_len!r}, group_id={self.group_id!r}, "
-                f"conversation_id={self.conversation_id!r}, turn={self.turn!r})")
+        return (
+            f"Request(id={self.id!r}, arrival_s={self.arrival_s!r}, prompt_len={self.prompt_len}, "
+            f"output_len={self.output_len!r}, group_id={self.group_id!r}, "
+            f"conversation_id={self.conversation_id!r}, turn={self.turn!r})"
+        )

@@ -64,11 +64,7 @@ def parse_conversation(row) -> list[tuple[str, str]] | None:
 class ShareGPTWorkload(WorkloadSpec):
     name = "sharegpt"
     SOURCES = ("auto", "real")  # the real file ships with the package: no stand-in
-    DEFAULTS = {
-        "max_context_len": 16384,
-        "min_tokens": 4,
-        "max_turns": None,
-    }
+    DEFAULTS = {"max_context_len": 16384, "min_tokens": 4, "max_turns": None}
 
     def validate(self, p: _Problems) -> None:
         p.int_(self.cfg, "min_tokens", 0)
@@ -83,8 +79,12 @@ class ShareGPTWorkload(WorkloadSpec):
         if not path.is_file():
             raise WorkloadError(f"workload 'sharegpt': data file not found: {path} (dataset {DATASET_ID})")
         return DataSource(
-            kind="real", path=path, label=label, sha256=_cache.file_sha256(path),
-            size_bytes=path.stat().st_size, dataset_id=DATASET_ID,
+            kind="real",
+            path=path,
+            label=label,
+            sha256=_cache.file_sha256(path),
+            size_bytes=path.stat().st_size,
+            dataset_id=DATASET_ID,
         )
 
     def make_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
@@ -105,8 +105,9 @@ class ShareGPTWorkload(WorkloadSpec):
             else:
                 convs.append(conv)
         if not convs:
-            raise WorkloadError(f"workload 'sharegpt': no usable conversation in {data.path} "
-                                f"(malformed rows: {malformed}, {skipped})")
+            raise WorkloadError(
+                f"workload 'sharegpt': no usable conversation in {data.path} (malformed rows: {malformed}, {skipped})"
+            )
         c = self.cfg
         b = PoolBuilder(tokenizer)
         counters = ChatCounters()
@@ -121,17 +122,27 @@ class ShareGPTWorkload(WorkloadSpec):
             if len(b) >= c["num_queries"]:
                 break
             if k % PREFETCH_CONVERSATIONS == 0:  # batch-tokenise the next conversations
-                b.prefetch(t for cj in order[k : k + PREFETCH_CONVERSATIONS]
-                           for t in conversation_texts(turns_of(convs[cj]), template))
+                b.prefetch(
+                    t
+                    for cj in order[k : k + PREFETCH_CONVERSATIONS]
+                    for t in conversation_texts(turns_of(convs[cj]), template)
+                )
             conv = convs[ci]
             turns = turns_of(conv)
             cid = counters.conversations_used  # compact ids: conversations that gave turns
             sampled += 1
             add_conversation(
-                b, turns, group_id=cid, conversation_id=cid, output_len=c["output_len"],
-                eos_id=tokenizer.eos_id, max_context_len=c["max_context_len"],
-                min_tokens=c["min_tokens"], min_reply_tokens=c["min_tokens"],
-                counters=counters, max_turns=c["max_turns"],
+                b,
+                turns,
+                group_id=cid,
+                conversation_id=cid,
+                output_len=c["output_len"],
+                eos_id=tokenizer.eos_id,
+                max_context_len=c["max_context_len"],
+                min_tokens=c["min_tokens"],
+                min_reply_tokens=c["min_tokens"],
+                counters=counters,
+                max_turns=c["max_turns"],
             )
         prov = {
             "rows_read": len(read.rows) + read.undecodable,

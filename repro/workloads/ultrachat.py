@@ -93,7 +93,9 @@ class UltraChatWorkload(WorkloadSpec):
             # an explicit path that holds no data is a mistake, not a request for the stand-in
             if self.cfg["source"] == "real" or self.cfg["path"] is not None:
                 raise missing_data(
-                    "ultrachat", path, DATASET_ID,
+                    "ultrachat",
+                    path,
+                    DATASET_ID,
                     "a raw UltraChat .jsonl or ultrachat_200k .parquet file, or a folder of them",
                 )
             return DataSource(kind="synthetic", dataset_id=DATASET_ID, label="stand-in: UltraChat statistics")
@@ -134,8 +136,12 @@ class UltraChatWorkload(WorkloadSpec):
         b = PoolBuilder(tokenizer)
         counters = ChatCounters()
         common = dict(
-            output_len=c["output_len"], eos_id=tokenizer.eos_id, max_context_len=c["max_context_len"],
-            min_tokens=c["min_tokens"], min_reply_tokens=c["min_tokens"], counters=counters,
+            output_len=c["output_len"],
+            eos_id=tokenizer.eos_id,
+            max_context_len=c["max_context_len"],
+            min_tokens=c["min_tokens"],
+            min_reply_tokens=c["min_tokens"],
+            counters=counters,
             max_turns=c["max_turns"],
         )
         prov: dict = {}
@@ -170,16 +176,24 @@ class UltraChatWorkload(WorkloadSpec):
                 if attempts > 100 * c["num_queries"] + 1000:
                     raise WorkloadError("workload 'ultrachat': the stand-in settings yield no usable turns")
                 n_turns = 1 + int(rng.poisson(st["mean_turns"] - 1.0))
-                lens = lognormal_lengths(rng, 2 * n_turns, st["mean_utterance_tokens"], st["utterance_len_sigma"],
-                                         1, st["max_utterance_tokens"])
+                lens = lognormal_lengths(
+                    rng,
+                    2 * n_turns,
+                    st["mean_utterance_tokens"],
+                    st["utterance_len_sigma"],
+                    1,
+                    st["max_utterance_tokens"],
+                )
                 turns = []
                 for t in range(n_turns):
                     user, user_ids = words_segment(rng, int(lens[2 * t]), tokenizer)
                     reply, reply_ids = words_segment(rng, int(lens[2 * t + 1]), tokenizer)
                     turns.append(Turn([user[:-1]], reply[:-1]))  # chat.py adds the newline
                     # their segments' tokens without BPE over the words
-                    for seg, words, ids in ((message_texts([user[:-1]], template)[0], user, user_ids),
-                                            (reply_text(reply[:-1], template), reply, reply_ids)):
+                    for seg, words, ids in (
+                        (message_texts([user[:-1]], template)[0], user, user_ids),
+                        (reply_text(reply[:-1], template), reply, reply_ids),
+                    ):
                         b.give_tokens(seg, tokens_of_words_in(tokenizer, seg, words[:-1], ids[:-1]))
                 cid = counters.conversations_used
                 add_conversation(b, turns, group_id=cid, conversation_id=cid, **common)

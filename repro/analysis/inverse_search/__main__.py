@@ -45,8 +45,12 @@ def _positive(text: str) -> int:
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m repro.analysis.inverse_search", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m repro.analysis.inverse_search",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("search", help="run trials of one or more claims' studies")
     s.add_argument("--claim", action="append", required=True, help="a claim id (see `list`) or `all`; repeatable")
@@ -142,14 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = make_targets(claims)
     if a.cmd == "list":
         for tid, t in targets.items():
-            print(f"{tid:24s} {t.ours} vs {t.base}: paper {t.paper}; benchmarks {','.join(t.benchmarks)}"
-                  + (f"; fixed {' '.join(t.fixed)}" if t.fixed else ""))
+            print(
+                f"{tid:24s} {t.ours} vs {t.base}: paper {t.paper}; benchmarks {','.join(t.benchmarks)}"
+                + (f"; fixed {' '.join(t.fixed)}" if t.fixed else "")
+            )
         return 0
     if a.cmd == "report":
         from repro.analysis.inverse_search.report import write_report
         from repro.harness.sweep import absolute_results_dir
 
-        for p in write_report(absolute_results_dir(a.results_dir), absolute_results_dir(a.figures_dir), claims, targets):
+        for p in write_report(
+            absolute_results_dir(a.results_dir), absolute_results_dir(a.figures_dir), claims, targets
+        ):
             print(p)
         return 0
     return _search(a, targets, claims)

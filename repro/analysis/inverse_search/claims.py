@@ -46,8 +46,8 @@ _NUMBER = re.compile(r"^([+−-]?)(\d+(?:\.\d+)?)\s*(×|%)$")
 class SearchClaim:
     id: str
     statement: str
-    paper: str          # as printed: "11.96×", "+36.45 %", "−28.1 %"
-    base: str           # policy options (conf: policy=<router>_<eviction>)
+    paper: str  # as printed: "11.96×", "+36.45 %", "−28.1 %"
+    base: str  # policy options (conf: policy=<router>_<eviction>)
     ours: str
     metric: str
     benchmarks: tuple[str, ...]
@@ -131,9 +131,16 @@ def load_claims() -> dict[str, SearchClaim]:
     for cid in SEARCHED:
         e = entries[cid]
         benchmarks, fixed = FIXED_BY_ARTEFACT[e["artefact"]]
-        out[cid] = SearchClaim(id=cid, statement=e["statement"], paper=e["paper"], base=_policy_of(e["base"], pol),
-                               ours=_policy_of(e["ours"], pol), metric=e["metric"], benchmarks=benchmarks,
-                               fixed=fixed)
+        out[cid] = SearchClaim(
+            id=cid,
+            statement=e["statement"],
+            paper=e["paper"],
+            base=_policy_of(e["base"], pol),
+            ours=_policy_of(e["ours"], pol),
+            metric=e["metric"],
+            benchmarks=benchmarks,
+            fixed=fixed,
+        )
     return out
 
 
@@ -166,7 +173,7 @@ class Target:
     ours: str
     benchmarks: tuple[str, ...]
     fixed: tuple[str, ...]
-    direction: str          # maximize | minimize (Optuna's words)
+    direction: str  # maximize | minimize (Optuna's words)
     claim: SearchClaim | None
 
     def value(self, claims: Mapping[str, SearchClaim], advantages: Mapping[str, float]) -> float:

@@ -36,8 +36,8 @@ from repro.analysis.inverse_search.claims import Target
 from repro.analysis.inverse_search.space import Setting, default_params, suggest
 
 EXP = "inverse_search"
-SPACE_VERSION = 1            # part of a study's identity: a changed space is a new study
-STALE_AFTER_S = 2 * 3600.0   # a RUNNING trial of another host older than this is abandoned
+SPACE_VERSION = 1  # part of a study's identity: a changed space is a new study
+STALE_AFTER_S = 2 * 3600.0  # a RUNNING trial of another host older than this is abandoned
 METRICS = ("latency_p50_s", "ttft_p50_s", "hit_rate", "throughput_rps", "latency_p95_s", "ttft_p95_s")
 REGIME_FIELDS = ("regime", "util_max", "wait_share_p50")  # read with .get: summaries may predate them
 
@@ -79,8 +79,9 @@ def open_study(path: Path, target: Target, *, create: bool):
     path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(path)))
     if create:
-        return optuna.create_study(study_name=target.id, storage=storage, direction=target.direction,
-                                   load_if_exists=True)
+        return optuna.create_study(
+            study_name=target.id, storage=storage, direction=target.direction, load_if_exists=True
+        )
     return optuna.load_study(study_name=target.id, storage=storage)
 
 
@@ -137,8 +138,12 @@ class Runner:
                 self.num_queries = int(cells[0].config["workload"]["num_queries"])
 
     def identity(self) -> dict:
-        return {"seeds": list(self.seeds), "num_queries": self.num_queries, "extra": list(self.extra),
-                "space": SPACE_VERSION}
+        return {
+            "seeds": list(self.seeds),
+            "num_queries": self.num_queries,
+            "extra": list(self.extra),
+            "space": SPACE_VERSION,
+        }
 
     def run(self, cells: Sequence) -> list:
         from repro.harness.sweep import check_writable, make_specs, run_specs
@@ -150,6 +155,7 @@ class Runner:
 
 def _setting_record(setting: Setting) -> dict:
     """The trial's setting as key -> value (per-system keys under the policy's name)."""
+
     def split(ovs):
         return dict(o.split("=", 1) for o in ovs if not o.startswith(("workload.num_queries=",)))
 
@@ -165,9 +171,16 @@ def evaluate(target: Target, claims, cells: Sequence, outcomes: Sequence) -> tup
     rows = []
     for c, o in zip(cells, outcomes):
         s = o.summary or {}
-        rows.append({"policy": c.swept["policy"], "seed": int(c.swept["seed"]), "signature": o.signature,
-                     "status": o.status, **{m: s.get(m) for m in METRICS},
-                     **{k: s[k] for k in REGIME_FIELDS if k in s}})
+        rows.append(
+            {
+                "policy": c.swept["policy"],
+                "seed": int(c.swept["seed"]),
+                "signature": o.signature,
+                "status": o.status,
+                **{m: s.get(m) for m in METRICS},
+                **{k: s[k] for k in REGIME_FIELDS if k in s},
+            }
+        )
 
     def mean(policy: str, metric: str) -> float:
         vals = [r[metric] for r in rows if r["policy"] == policy]
@@ -221,8 +234,10 @@ def check_identity(study, identity: dict) -> None:
     if have is None:
         study.set_user_attr("identity", identity)
     elif have != identity:
-        raise SearchError(f"study {study.study_name} was made with {json.dumps(have, sort_keys=True)}, "
-                          f"not {json.dumps(identity, sort_keys=True)}: use those settings or another --results-dir")
+        raise SearchError(
+            f"study {study.study_name} was made with {json.dumps(have, sort_keys=True)}, "
+            f"not {json.dumps(identity, sort_keys=True)}: use those settings or another --results-dir"
+        )
 
 
 def run_trial(study, target: Target, claims, runner: Runner, seed: int) -> tuple[Any, float | None, str]:
@@ -269,7 +284,8 @@ def _record(study, trial, target: Target, claims, runner: Runner, cells, outcome
     for k, v in record.items():
         trial.set_user_attr(k, v)
     took = f"{time.perf_counter() - t0:.1f} s, cells: " + ", ".join(
-        f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+        f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)
+    )
     if failed or math.isnan(value):
         why = f"cell {failed[0].signature} failed: {failed[0].error}" if failed else "ratio undefined"
         trial.set_user_attr("error", why)
@@ -286,8 +302,9 @@ def search(target: Target, claims, runner: Runner, trials: int, seed: int, out=s
     study = open_study(path, target, create=True)
     check_identity(study, runner.identity())
     if not study.get_trials(deepcopy=False):  # the paper's defaults first (the study's trial 0)
-        study.enqueue_trial(default_params({c.swept["policy"]: c.config for c in runner.default_cells(target)}),
-                            skip_if_exists=True)
+        study.enqueue_trial(
+            default_params({c.swept["policy"]: c.config for c in runner.default_cells(target)}), skip_if_exists=True
+        )
     for number in _abandon_dead(study):
         print(f"[{target.id}] trial {number}: its process is gone; marked failed (not counted)", file=out, flush=True)
     asked = 0

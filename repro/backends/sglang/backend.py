@@ -60,25 +60,38 @@ def validate_cell(cfg: Mapping) -> list[str]:
     if not is_positive(ts):
         errs.append(f"backend.time_scale must be a number > 0, got {ts!r}")
     elif not emulate and ts != 1.0:
-        errs.append(f"backend.time_scale={ts} applies to emulated workers only (real SGLang servers run in "
-                    f"real time): set backend.emulate=true or time_scale=1.0")
+        errs.append(
+            f"backend.time_scale={ts} applies to emulated workers only (real SGLang servers run in "
+            f"real time): set backend.emulate=true or time_scale=1.0"
+        )
     impl = b.get("router_impl", "ours")
     router_name = get_path(cfg, "router.name")
     if impl not in ("ours", "sglang_router"):
         errs.append(f"backend.router_impl must be 'ours' or 'sglang_router', got {impl!r}")
     elif impl == "sglang_router" and router_name not in ("cache_aware", "random", "round_robin"):
-        errs.append(f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
-                    f"{router_name!r}: use router_impl=ours")
+        errs.append(
+            f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
+            f"{router_name!r}: use router_impl=ours"
+        )
     elif impl == "sglang_router" and router_name == "cache_aware":
         interval = get_path(cfg, "router.eviction_interval_secs", 60)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 1 or interval != int(interval):
-            errs.append(f"router.eviction_interval_secs={interval!r}: sglang-router 0.3.2 needs a whole number "
-                        f"of seconds >= 1 (it cannot turn trimming off)")
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or interval < 1
+            or interval != int(interval)
+        ):
+            errs.append(
+                f"router.eviction_interval_secs={interval!r}: sglang-router 0.3.2 needs a whole number "
+                f"of seconds >= 1 (it cannot turn trimming off)"
+            )
         if get_path(cfg, "router.generation", "v0_3_2") != "v0_3_2":
             errs.append("router.generation: backend.router_impl=sglang_router runs sglang-router 0.3.2 (v0_3_2)")
     if get_path(cfg, "router.tracker") == "exact":
-        errs.append("router.tracker=exact reads the workers' real caches, which only the simulator can: "
-                    "the live backend needs tracker=approximate")
+        errs.append(
+            "router.tracker=exact reads the workers' real caches, which only the simulator can: "
+            "the live backend needs tracker=approximate"
+        )
     # emulated workers run our RadixCache (backend "sim" of the eviction registry), servers SGLang's
     errs += assembly.eviction_errors(cfg.get("eviction"), "sim" if emulate else "sglang")
     if b.get("placement", "auto") not in ("auto", "local"):
@@ -127,8 +140,10 @@ def _real_server_errors(cfg: Mapping) -> list[str]:
     except ValueError as exc:
         return [str(exc)]
     if not hw["uses_gpus"] and get_path(cfg, "cluster.kv_cache_tokens") is None:
-        errs.append(f"hardware={get_path(cfg, 'hardware.name')} runs servers without GPUs: set cluster.kv_cache_tokens "
-                    f"(SGLang would size its KV pool from the machine's RAM)")
+        errs.append(
+            f"hardware={get_path(cfg, 'hardware.name')} runs servers without GPUs: set cluster.kv_cache_tokens "
+            f"(SGLang would size its KV pool from the machine's RAM)"
+        )
     model = cfg.get("model") or {}
     srv = get_path(cfg, "backend.server") or {}
     if not srv.get("model_path") and model:  # no model at all: the harness's own check names it
@@ -142,12 +157,16 @@ def _real_server_errors(cfg: Mapping) -> list[str]:
             errs.append(f"model.local_dir {local!r} is not a directory")
         elif not local and not model.get("hf_id"):
             errs.append(f"model {model.get('name')!r}: no backend.server.model_path, local_dir or hf_id")
-    elif str(srv["model_path"]).startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(str(srv["model_path"]))):
+    elif str(srv["model_path"]).startswith(("/", ".", "~")) and not os.path.isdir(
+        os.path.expanduser(str(srv["model_path"]))
+    ):
         errs.append(f"backend.server.model_path {srv['model_path']!r} is not a directory")
     python = srv.get("python")
     if python and not os.access(resolve_python(python), os.X_OK):
-        errs.append(f"backend.server.python {python!r} ({resolve_python(python)}) is not an executable file "
-                    f"(make sglang-server-env builds .venv-sglang)")
+        errs.append(
+            f"backend.server.python {python!r} ({resolve_python(python)}) is not an executable file "
+            f"(make sglang-server-env builds .venv-sglang)"
+        )
     return errs
 
 
@@ -190,8 +209,12 @@ def _versions(emulate: bool, server_python: str | None = None) -> dict:
             out[pkg] = "absent from the harness interpreter"
     if not emulate and server_python:
         try:
-            proc = subprocess.run([server_python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [server_python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if proc.returncode == 0 and proc.stdout.strip():
                 out["sglang"] = proc.stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
@@ -226,16 +249,31 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     report = result.client_report
     provenance = {
         "backend": "sglang",
-        "ran_on": "emulated SGLang workers (no GPU)" if plan.emulate else (
-            "SGLang servers on GPUs" if hardware_server(plain.get("hardware"))["uses_gpus"] else "SGLang servers on CPU"),
+        "ran_on": "emulated SGLang workers (no GPU)"
+        if plan.emulate
+        else (
+            "SGLang servers on GPUs" if hardware_server(plain.get("hardware"))["uses_gpus"] else "SGLang servers on CPU"
+        ),
         "emulate": plan.emulate,
         "time_scale": plan.time_scale,
         "router_impl": plan.router_impl,
         **assembly.cell_provenance(plain, cell),
         "client": {k: report[k] for k in ("num_failed", "failures", "failure_examples")},
-        "router_service": {k: rs.get(k) for k in ("completed", "failed", "retried", "failures", "callbacks",
-                                                  "callbacks_skipped", "callback_errors", "capacity_notes")}
-        if result.router_stats else None,
+        "router_service": {
+            k: rs.get(k)
+            for k in (
+                "completed",
+                "failed",
+                "retried",
+                "failures",
+                "callbacks",
+                "callbacks_skipped",
+                "callback_errors",
+                "capacity_notes",
+            )
+        }
+        if result.router_stats
+        else None,
         "server": None if plan.emulate else {k: v for k, v in (b.get("server") or {}).items() if k != "env"},
         # what each real server's radix cache evicted, by its own count (rlt_patch's log line); None: no eviction
         "server_evictions": None if plan.emulate else [w.get("eviction") for w in result.worker_stats or []],

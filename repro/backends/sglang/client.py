@@ -176,8 +176,15 @@ class LiveWindow:
             return
         self.done += 1
         if not row.failed:
-            self._recent.append((now, row.finish_s - row.arrival_s, row.first_token_s - row.arrival_s,
-                                 row.cached_tokens, row.prompt_tokens))
+            self._recent.append(
+                (
+                    now,
+                    row.finish_s - row.arrival_s,
+                    row.first_token_s - row.arrival_s,
+                    row.cached_tokens,
+                    row.prompt_tokens,
+                )
+            )
         while self._recent and self._recent[0][0] < now - self.window_s:
             self._recent.popleft()
         if now - self._last >= self.every_s or self.done == self.total:
@@ -196,10 +203,7 @@ class LiveWindow:
 
 
 async def replay(
-    requests: Sequence[Any],
-    base_url: str,
-    cfg: ClientConfig,
-    progress: Callable[[float], None] | None = None,
+    requests: Sequence[Any], base_url: str, cfg: ClientConfig, progress: Callable[[float], None] | None = None
 ) -> tuple[pd.DataFrame, dict]:
     """Replay `requests` (sorted by arrival_s) against `base_url`; returns (records, report)."""
     import aiohttp
@@ -295,10 +299,7 @@ def records_frame(requests: Sequence[Any], rows: Sequence[_Row]) -> pd.DataFrame
 
 
 def run_replay(
-    requests: Sequence[Any],
-    base_url: str,
-    cfg: ClientConfig,
-    progress: Callable[[float], None] | None = None,
+    requests: Sequence[Any], base_url: str, cfg: ClientConfig, progress: Callable[[float], None] | None = None
 ) -> tuple[pd.DataFrame, dict]:
     """Synchronous wrapper of `replay` (its own event loop)."""
     return asyncio.run(replay(requests, base_url, cfg, progress))

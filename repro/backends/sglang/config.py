@@ -190,8 +190,11 @@ def hardware_server(hardware: Mapping | None) -> dict:
     unknown = sorted(set(block) - set(HARDWARE_SERVER_KEYS))
     if unknown:
         raise ValueError(f"hardware.server: unknown keys {unknown} (known: {list(HARDWARE_SERVER_KEYS)})")
-    return {"extra_args": list(block.get("extra_args") or []), "env": dict(block.get("env") or {}),
-            "uses_gpus": bool(block.get("uses_gpus", True))}
+    return {
+        "extra_args": list(block.get("extra_args") or []),
+        "env": dict(block.get("env") or {}),
+        "uses_gpus": bool(block.get("uses_gpus", True)),
+    }
 
 
 def resolve_python(path: str) -> str:
@@ -233,9 +236,18 @@ class RouterServiceConfig(RouterServiceSection):
             raise ValueError(
                 f"router service: {len(self.kv_capacity_tokens)} capacities for {len(self.worker_urls)} workers"
             )
-        for name in ("time_scale", "request_timeout_s", "connect_timeout_s", "health_check_interval_s",
-                     "health_check_timeout_s", "startup_health_timeout_s", "stall_timeout_s", "client_timeout_s",
-                     "stall_exclude_floor_s", "stall_exclude_factor"):
+        for name in (
+            "time_scale",
+            "request_timeout_s",
+            "connect_timeout_s",
+            "health_check_interval_s",
+            "health_check_timeout_s",
+            "startup_health_timeout_s",
+            "stall_timeout_s",
+            "client_timeout_s",
+            "stall_exclude_floor_s",
+            "stall_exclude_factor",
+        ):
             v = getattr(self, name)
             if not is_positive(v):
                 raise ValueError(f"router service: {name} must be a number > 0, got {v!r}")
@@ -247,7 +259,11 @@ class RouterServiceConfig(RouterServiceSection):
             raise ValueError(
                 f"router service: health_failure_threshold must be an integer >= 1, got {self.health_failure_threshold!r}"
             )
-        if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+        if (
+            isinstance(self.max_body_bytes, bool)
+            or not isinstance(self.max_body_bytes, int)
+            or self.max_body_bytes < 1024
+        ):
             raise ValueError(f"router service: max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if not isinstance(self.load_poll_interval_s, (int, float)) or self.load_poll_interval_s < 0:
             raise ValueError(f"router service: load_poll_interval_s must be >= 0, got {self.load_poll_interval_s!r}")
@@ -273,8 +289,10 @@ class EmulatorConfig:
     tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
 
     def __post_init__(self) -> None:
-        if isinstance(self.kv_capacity_tokens, bool) or not isinstance(self.kv_capacity_tokens, int) or (
-            self.kv_capacity_tokens < 1
+        if (
+            isinstance(self.kv_capacity_tokens, bool)
+            or not isinstance(self.kv_capacity_tokens, int)
+            or (self.kv_capacity_tokens < 1)
         ):
             raise ValueError(f"kv_capacity_tokens must be a positive integer, got {self.kv_capacity_tokens!r}")
         if not (isinstance(self.time_scale, (int, float)) and math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -282,8 +300,10 @@ class EmulatorConfig:
         if not isinstance(self.eviction, dict) or not self.eviction.get("name"):
             raise ValueError(f"eviction must be a mapping with a 'name', got {self.eviction!r}")
         f = self.fault
-        if f is not None and f not in FAULTS and not (
-            isinstance(f, dict) and set(f) == {"exit_after_requests"} and int(f["exit_after_requests"]) >= 1
+        if (
+            f is not None
+            and f not in FAULTS
+            and not (isinstance(f, dict) and set(f) == {"exit_after_requests"} and int(f["exit_after_requests"]) >= 1)
         ):
             raise ValueError(f"fault must be null, one of {FAULTS} or {{exit_after_requests: N}}, got {f!r}")
 

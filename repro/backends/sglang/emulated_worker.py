@@ -230,16 +230,27 @@ async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
     bound = await worker.start(host, port)
     log.info(
         "emulated worker %d serving on http://%s:%d (capacity %d tokens, eviction %s, time_scale %g)",
-        cfg.worker_id, host, bound, cfg.kv_capacity_tokens, cfg.eviction.get("name"), cfg.time_scale,
+        cfg.worker_id,
+        host,
+        bound,
+        cfg.kv_capacity_tokens,
+        cfg.eviction.get("name"),
+        cfg.time_scale,
     )
     await stop.wait()
     await worker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.server_main(argv, module="repro.backends.sglang.emulated_worker", what="emulated worker",
-                           description=__doc__.splitlines()[0], config_help="JSON file with EmulatorConfig keys",
-                           load=EmulatorConfig.from_json, serve=_serve)
+    return cli.server_main(
+        argv,
+        module="repro.backends.sglang.emulated_worker",
+        what="emulated worker",
+        description=__doc__.splitlines()[0],
+        config_help="JSON file with EmulatorConfig keys",
+        load=EmulatorConfig.from_json,
+        serve=_serve,
+    )
 
 
 __all__ = ["FAULTS", "EmulatedWorker", "EmulatorConfig", "main"]

@@ -170,8 +170,12 @@ def run_agent(spec_path: str) -> int:
     gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     need = sum(int(s.get("gpus", 0)) for s in servers)
     if need > len(gpus):
-        print(f"node {node}: the servers need {need} GPUs, the step has {len(gpus)} "
-              f"(CUDA_VISIBLE_DEVICES={','.join(gpus) or 'unset'})", file=sys.stderr, flush=True)
+        print(
+            f"node {node}: the servers need {need} GPUs, the step has {len(gpus)} "
+            f"(CUDA_VISIBLE_DEVICES={','.join(gpus) or 'unset'})",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     ports = _free_ports(len(servers), host, set(spec.get("avoid_ports") or ()))
     procs: dict[str, subprocess.Popen] = {}
@@ -181,14 +185,21 @@ def run_agent(spec_path: str) -> int:
         env = dict(os.environ)
         env.update(s.get("env") or {})
         if int(s.get("gpus", 0)):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[used:used + int(s["gpus"])])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[used : used + int(s["gpus"])])
             used += int(s["gpus"])
         cmd = [a.replace(PORT_PLACEHOLDER, str(port)) for a in s["cmd"]]
         log = open(s["log"], "ab", buffering=0)
         log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start on {node}: {shlex.join(cmd)}\n".encode())
         try:
-            procs[s["name"]] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            procs[s["name"]] = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         except OSError as exc:
             print(f"node {node}: cannot start {s['name']}: {exc}", file=sys.stderr, flush=True)
             _stop(procs, grace)
@@ -197,8 +208,10 @@ def run_agent(spec_path: str) -> int:
             log.close()
         addrs[s["name"]] = {"url": f"http://{host}:{port}", "pid": procs[s["name"]].pid}
     step = f"{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}" if os.environ.get("SLURM_STEP_ID") else None
-    _write_json(spec["addr_file"], {"node": node, "hostname": socket.gethostname(), "agent_pid": os.getpid(),
-                                    "step": step, "servers": addrs})
+    _write_json(
+        spec["addr_file"],
+        {"node": node, "hostname": socket.gethostname(), "agent_pid": os.getpid(), "step": step, "servers": addrs},
+    )
     started = ", ".join(f"{n} ({a['url']})" for n, a in addrs.items())
     print(f"node {node}: started {started}", flush=True)
     rc = 0
@@ -206,14 +219,21 @@ def run_agent(spec_path: str) -> int:
         dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
         if dead:
             name, code = next(iter(dead.items()))
-            print(f"node {node}: server {name} exited with code {code} (log: "
-                  f"{next(s['log'] for s in servers if s['name'] == name)})", file=sys.stderr, flush=True)
+            print(
+                f"node {node}: server {name} exited with code {code} (log: "
+                f"{next(s['log'] for s in servers if s['name'] == name)})",
+                file=sys.stderr,
+                flush=True,
+            )
             rc = 4
             break
         time.sleep(0.2)
     codes = _stop(procs, grace)
-    print(f"node {node}: servers stopped ({'signal ' + str(stopping['signal']) if stopping['signal'] else 'failure'}):"
-          f" {codes}", flush=True)
+    print(
+        f"node {node}: servers stopped ({'signal ' + str(stopping['signal']) if stopping['signal'] else 'failure'}):"
+        f" {codes}",
+        flush=True,
+    )
     return rc
 
 

@@ -43,12 +43,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from repro.backends.sglang.planning import (ROUTER_IMPLS, SGLANG_ROUTER_POLICIES, CellPlan, CellTimeoutError,
-                                            OrchestrationError, ProcessSpec, ServerStartError, assign_gpus,
-                                            emulated_worker_command, free_ports, plan_cell, router_service_command,
-                                            sglang_router_command, sglang_server_command)
-from repro.backends.sglang.processes import (_OPENER, HEALTH_PROBE_TIMEOUT_S, ManagedProcess, RemoteNode, RemoteServer,
-                                             check_port_free, probe, wait_healthy)
+from repro.backends.sglang.planning import (
+    ROUTER_IMPLS,
+    SGLANG_ROUTER_POLICIES,
+    CellPlan,
+    CellTimeoutError,
+    OrchestrationError,
+    ProcessSpec,
+    ServerStartError,
+    assign_gpus,
+    emulated_worker_command,
+    free_ports,
+    plan_cell,
+    router_service_command,
+    sglang_router_command,
+    sglang_server_command,
+)
+from repro.backends.sglang.processes import (
+    _OPENER,
+    HEALTH_PROBE_TIMEOUT_S,
+    ManagedProcess,
+    RemoteNode,
+    RemoteServer,
+    check_port_free,
+    probe,
+    wait_healthy,
+)
 from repro.fileio import write_json_atomic
 
 
@@ -81,8 +101,9 @@ def flush_cache(url: str, timeout_s: float = 60.0) -> None:
     """POST /flush_cache to a real server; OrchestrationError naming it when the server refuses."""
     import urllib.request
 
-    req = urllib.request.Request(url + "/flush_cache", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/flush_cache", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with _OPENER.open(req, timeout=timeout_s) as resp:
             resp.read()
@@ -141,8 +162,11 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
     Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(os.path.join(plan.log_dir, "plan.json"), plan.describe())
     procs: list[ManagedProcess] = []
-    remote = [RemoteNode(node, plan.remote_nodes()[node.name], plan) for node in plan.nodes[1:]
-              if node.name in plan.remote_nodes()]
+    remote = [
+        RemoteNode(node, plan.remote_nodes()[node.name], plan)
+        for node in plan.nodes[1:]
+        if node.name in plan.remote_nodes()
+    ]
     startup: dict[str, float] = {}
     try:
         with _sigterm_raises():
@@ -193,8 +217,11 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 run = asyncio.ensure_future(replay(requests, plan.router_url, client_cfg, progress))
                 watch = asyncio.ensure_future(_watch_nodes())
                 live = getattr(progress, "log", None)
-                poll = asyncio.ensure_future(_stream_worker_state(plan.router_url, live)
-                                             if live is not None and plan.router_impl == "ours" else asyncio.sleep(0))
+                poll = asyncio.ensure_future(
+                    _stream_worker_state(plan.router_url, live)
+                    if live is not None and plan.router_impl == "ours"
+                    else asyncio.sleep(0)
+                )
                 try:
                     done, _ = await asyncio.wait({run, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                     if run in done:
@@ -202,9 +229,12 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                     if watch in done:
                         r, rc = watch.result()
                         if isinstance(r, ManagedProcess):
-                            raise ServerStartError(r.describe_failure(f"exited with code {rc} in the middle of the cell"))
-                        raise ServerStartError(r.failure(f"the server step ended with code {rc} in the middle of "
-                                                         f"the cell"))
+                            raise ServerStartError(
+                                r.describe_failure(f"exited with code {rc} in the middle of the cell")
+                            )
+                        raise ServerStartError(
+                            r.failure(f"the server step ended with code {rc} in the middle of the cell")
+                        )
                     raise CellTimeoutError(
                         f"the replay ran past timeouts.cell_s={plan.timeouts['cell_s']:g}s "
                         f"(router log: {plan.router.log_path})"
@@ -223,8 +253,10 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             if plan.emulate:
                 worker_stats = [_get_json(u + "/emulator/stats", 5.0) for u in plan.worker_urls]
             else:  # what each server's radix cache evicted, from its own log (rlt_patch's evidence line)
-                worker_stats = [{"worker_id": i, "eviction": server_eviction_stats(spec.log_path)}
-                                for i, spec in enumerate(plan.workers)]
+                worker_stats = [
+                    {"worker_id": i, "eviction": server_eviction_stats(spec.log_path)}
+                    for i, spec in enumerate(plan.workers)
+                ]
             write_json_atomic(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
             return PlanResult(records, report, router_stats, worker_stats, startup)
     finally:

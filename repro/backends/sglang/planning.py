@@ -9,7 +9,6 @@ backend key: config.py. Running the plan: orchestrate.run_plan (processes.py sta
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import socket
@@ -18,20 +17,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.backends.sglang.config import (PLACEMENTS, ROUTER_IMPLS, SGLANG_ROUTER_POLICIES, BackendConfig,
-                                          hardware_server, resolve_python)
+from repro.backends.sglang.config import (
+    PLACEMENTS,
+    ROUTER_IMPLS,
+    SGLANG_ROUTER_POLICIES,
+    BackendConfig,
+    hardware_server,
+    resolve_python,
+)
+from repro.backends.sglang.commands import (
+    emulated_worker_command,
+    router_service_command,
+    sglang_router_command,
+    sglang_server_command,
+)
+from repro.backends.sglang.errors import CellTimeoutError, OrchestrationError, ServerStartError
 from repro.confutil import to_plain
-
-class OrchestrationError(RuntimeError):
-    """The cell could not be run on this node (start-up, time limit, configuration)."""
-
-
-class ServerStartError(OrchestrationError):
-    """A server or the router exited or never became healthy."""
-
-
-class CellTimeoutError(OrchestrationError):
-    """The cell ran past timeouts.cell_s."""
 
 
 # ---------------------------------------------------------------------------- planning
@@ -80,8 +81,14 @@ class CellPlan:
 
     def describe(self) -> dict:
         def proc(p: ProcessSpec) -> dict:
-            return {"name": p.name, "cmd": shlex.join(p.cmd), "env": p.env, "log": p.log_path,
-                    "health_url": p.health_url, "config": p.config_path}
+            return {
+                "name": p.name,
+                "cmd": shlex.join(p.cmd),
+                "env": p.env,
+                "log": p.log_path,
+                "health_url": p.health_url,
+                "config": p.config_path,
+            }
 
         return {
             "emulate": self.emulate,
@@ -93,8 +100,9 @@ class CellPlan:
             "timeouts": self.timeouts,
             "client": self.client,
             "nodes": [[n.name, n.addr] for n in self.nodes],
-            "workers": [{**proc(p), "node": p.node or (self.nodes[0].name if self.nodes else None)}
-                        for p in self.workers],
+            "workers": [
+                {**proc(p), "node": p.node or (self.nodes[0].name if self.nodes else None)} for p in self.workers
+            ],
             "router": proc(self.router),
         }
 
@@ -117,7 +125,11 @@ def assign_gpus(num_workers: int, tensor_parallel: int, gpus: Sequence[Any] | No
     """GPU ids per worker: `gpus` if given, else CUDA_VISIBLE_DEVICES of the job, else 0..M*tp-1."""
     if gpus is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        pool = [g.strip() for g in env.split(",") if g.strip()] if env else [str(i) for i in range(num_workers * tensor_parallel)]
+        pool = (
+            [g.strip() for g in env.split(",") if g.strip()]
+            if env
+            else [str(i) for i in range(num_workers * tensor_parallel)]
+        )
     else:
         pool = [str(g) for g in gpus]
     need = num_workers * tensor_parallel
@@ -127,113 +139,12 @@ def assign_gpus(num_workers: int, tensor_parallel: int, gpus: Sequence[Any] | No
             f"but only {len(pool)} are available ({','.join(pool) or 'none'}; set backend.gpus or "
             f"CUDA_VISIBLE_DEVICES)"
         )
-    return [pool[i * tensor_parallel:(i + 1) * tensor_parallel] for i in range(num_workers)]
+    return [pool[i * tensor_parallel : (i + 1) * tensor_parallel] for i in range(num_workers)]
 
 
-def sglang_server_command(
-    python: str,
-    model_path: str,
-    host: str,
-    port: int,
-    eviction_policy: str,
-    scheduler: Mapping[str, Any],
-    *,
-    kv_cache_tokens: int | None,
-    mem_fraction: float | None,
-    tensor_parallel: int = 1,
-    random_seed: int | None = None,
-    load_format: str | None = None,
-    dtype: str | None = None,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """`python -m repro.backends.sglang.server ...` with SGLang 0.5.23 server flags.
-
-    KV budget: `--max-total-tokens` when the cell sets an explicit per-worker token budget
-    (cluster.kv_cache_tokens), else `--mem-fraction-static` (SGLang's fraction of GPU memory for
-    weights + KV pool: the same formula the simulator uses for its capacity).
-    """
-    cmd = [python, "-m", "repro.backends.sglang.server",
-           "--model-path", str(model_path), "--host", host, "--port", str(port),
-           "--radix-eviction-policy", str(eviction_policy)]
-    if kv_cache_tokens is not None:
-        cmd += ["--max-total-tokens", str(int(kv_cache_tokens))]
-    if mem_fraction is not None:
-        cmd += ["--mem-fraction-static", f"{float(mem_fraction):g}"]
-    sched = dict(scheduler or {})
-    if "schedule_policy" in sched:
-        cmd += ["--schedule-policy", str(sched["schedule_policy"])]
-    if "max_running_requests" in sched:
-        cmd += ["--max-running-requests", str(int(sched["max_running_requests"]))]
-    if "max_prefill_tokens" in sched:
-        cmd += ["--max-prefill-tokens", str(int(sched["max_prefill_tokens"]))]
-    if "chunked_prefill_size" in sched:
-        c = sched["chunked_prefill_size"]
-        cmd += ["--chunked-prefill-size", str(-1 if c is None or int(c) <= 0 else int(c))]
-    if tensor_parallel > 1:
-        cmd += ["--tp-size", str(int(tensor_parallel))]
-    if random_seed is not None:
-        cmd += ["--random-seed", str(int(random_seed))]
-    if load_format and load_format != "auto":
-        cmd += ["--load-format", str(load_format)]
-    if dtype and dtype != "auto":
-        cmd += ["--dtype", str(dtype)]
-    return cmd + [str(a) for a in extra_args]
-
-
-def sglang_router_command(
-    python: str,
-    host: str,
-    port: int,
-    worker_urls: Sequence[str],
-    router_cfg: Mapping[str, Any],
-    *,
-    request_timeout_s: float,
-    worker_startup_timeout_s: float,
-    prometheus_port: int,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """`python -m sglang_router.launch_router ...` (sglang-router 0.3.2 flags) for the cell's router.
-
-    cache_aware passes our config's thresholds (same names and defaults as the Rust router);
-    match_on / worker_order / generation have no Rust counterpart (the real router matches the
-    request text, or the ids as decimal strings, and its load ties follow its registry order).
-    Its Prometheus endpoint (default 0.0.0.0:29000, where a second router on the node would
-    collide and panic) goes to `prometheus_port` on `host`.
-    """
-    name = str(router_cfg.get("name"))
-    if name not in SGLANG_ROUTER_POLICIES:
-        raise OrchestrationError(
-            f"router_impl=sglang_router supports routers {SGLANG_ROUTER_POLICIES}, not {name!r} "
-            f"(use router_impl=ours)"
-        )
-    cmd = [python, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-           "--worker-urls", *worker_urls, "--policy", name,
-           "--prometheus-host", host, "--prometheus-port", str(prometheus_port)]
-    if name == "cache_aware":
-        cmd += [
-            "--cache-threshold", f"{float(router_cfg.get('cache_threshold', 0.3)):g}",
-            "--balance-abs-threshold", str(int(router_cfg.get("balance_abs_threshold", 64))),
-            "--balance-rel-threshold", f"{float(router_cfg.get('balance_rel_threshold', 1.5)):g}",
-            "--eviction-interval-secs", str(int(router_cfg.get("eviction_interval_secs", 60))),
-            "--max-tree-size", str(int(router_cfg.get("max_tree_size", 2**26))),
-        ]
-    cmd += ["--request-timeout-secs", str(int(math.ceil(request_timeout_s))),
-            "--worker-startup-timeout-secs", str(int(math.ceil(worker_startup_timeout_s)))]
-    return cmd + [str(a) for a in extra_args]
-
-
-def emulated_worker_command(python: str, host: str, port: int, config_path: str) -> list[str]:
-    return [python, "-m", "repro.backends.sglang.emulated_worker", "--config", config_path,
-            "--host", host, "--port", str(port)]
-
-
-def router_service_command(python: str, host: str, port: int, config_path: str) -> list[str]:
-    return [python, "-m", "repro.backends.sglang.router_service", "--config", config_path,
-            "--host", host, "--port", str(port)]
-
-
-def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os.PathLike,
-              ports: Sequence[int] | None = None) -> CellPlan:
+def plan_cell(
+    cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os.PathLike, ports: Sequence[int] | None = None
+) -> CellPlan:
     """Every command, port, environment and config file of one cell (nothing started yet).
 
     `cfg` is the composed cell config (DictConfig or mapping), `capacities` the per-worker KV
@@ -261,8 +172,10 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     try:
         nodes = (job_nodes() or []) if b.placement == "auto" else []
     except PlacementError as exc:
-        raise OrchestrationError(f"cannot place the cell on the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')}: "
-                                 f"{exc} (backend.placement=local keeps every server on this node)") from None
+        raise OrchestrationError(
+            f"cannot place the cell on the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')}: "
+            f"{exc} (backend.placement=local keeps every server on this node)"
+        ) from None
     node_of = split_workers(m, nodes) if nodes else [0] * m
     ports = list(ports) if ports is not None else free_ports(m + 1, host)
     if len(ports) != m + 1:
@@ -279,14 +192,16 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
     tokenizer = dict((cfg.get("workload") or {}).get("tokenizer") or {}) or None  # text requests: as the workload
     gpus: list[list[str]] = []
     if emulate:
-        workers = _emulated_workers(cfg, b, capacities, seeds, log_dir, worker_urls, where, python, time_scale,
-                                    tokenizer)
+        workers = _emulated_workers(
+            cfg, b, capacities, seeds, log_dir, worker_urls, where, python, time_scale, tokenizer
+        )
     else:
         n_local = node_of.count(0)
         tp = int(cfg["model"].get("tensor_parallel", 1) or 1)
         hw_server = hardware_server(cfg.get("hardware"))
-        gpus = (assign_gpus(n_local, tp, b.gpus) if hw_server["uses_gpus"]
-                else [[] for _ in range(n_local)]) + [[] for _ in range(m - n_local)]
+        gpus = (assign_gpus(n_local, tp, b.gpus) if hw_server["uses_gpus"] else [[] for _ in range(n_local)]) + [
+            [] for _ in range(m - n_local)
+        ]
         workers = _sglang_servers(cfg, b, hw_server, capacities, seeds, log_dir, worker_urls, where, python, gpus)
 
     router_url = f"http://{host}:{router_port}"
@@ -305,13 +220,24 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
             **asdict(b.router_service),
         }
         config = {"router": cfg["router"], "model": cfg["model"], "hardware": cfg["hardware"], "service": service}
-        router = ProcessSpec("router", router_service_command(python, host, router_port, path), {},
-                             os.path.join(log_dir, "router.log"), f"{router_url}/health", path, config)
+        router = ProcessSpec(
+            "router",
+            router_service_command(python, host, router_port, path),
+            {},
+            os.path.join(log_dir, "router.log"),
+            f"{router_url}/health",
+            path,
+            config,
+        )
     else:
         sr = b.sglang_router
         prometheus_port = next(p for p in free_ports(m + 2, host) if p not in ports)
         cmd = sglang_router_command(
-            resolve_python(sr.python) if sr.python else python, host, router_port, worker_urls, cfg["router"],
+            resolve_python(sr.python) if sr.python else python,
+            host,
+            router_port,
+            worker_urls,
+            cfg["router"],
             request_timeout_s=timeouts["request_s"],
             worker_startup_timeout_s=timeouts["router_start_s"],
             prometheus_port=prometheus_port,
@@ -329,8 +255,21 @@ def plan_cell(cfg: Any, capacities: Sequence[int], seeds: Any, log_dir: str | os
         "send_text": bool(b.client.send_text),
     }
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
-    return CellPlan(workers, router, router_url, worker_urls, log_dir, emulate, b.router_impl, time_scale,
-                    timeouts, client_cfg, gpus, nodes, local_ports)
+    return CellPlan(
+        workers,
+        router,
+        router_url,
+        worker_urls,
+        log_dir,
+        emulate,
+        b.router_impl,
+        time_scale,
+        timeouts,
+        client_cfg,
+        gpus,
+        nodes,
+        local_ports,
+    )
 
 
 def _local_model_path(model: Mapping) -> str | None:
@@ -342,8 +281,18 @@ def _local_model_path(model: Mapping) -> str | None:
         raise OrchestrationError(f"model {model.get('name')!r}: {exc}") from None
 
 
-def _emulated_workers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: str, worker_urls: list[str],
-                      where, python: str, time_scale: float, tokenizer: dict | None) -> list[ProcessSpec]:
+def _emulated_workers(
+    cfg: dict,
+    b: BackendConfig,
+    capacities,
+    seeds,
+    log_dir: str,
+    worker_urls: list[str],
+    where,
+    python: str,
+    time_scale: float,
+    tokenizer: dict | None,
+) -> list[ProcessSpec]:
     """One emulated worker per index, each with its worker<i>.json (EmulatorConfig keys)."""
     emu = b.emulator
     faults = {int(k): v for k, v in (emu.faults or {}).items()}
@@ -364,14 +313,33 @@ def _emulated_workers(cfg: dict, b: BackendConfig, capacities, seeds, log_dir: s
             "tokenizer": tokenizer,
         }
         h, port, node = where(i)
-        workers.append(ProcessSpec(f"worker{i}", emulated_worker_command(python, h, port, path), {},
-                                   os.path.join(log_dir, f"worker{i}.log"), f"{worker_urls[i]}/health",
-                                   path, config, node=node))
+        workers.append(
+            ProcessSpec(
+                f"worker{i}",
+                emulated_worker_command(python, h, port, path),
+                {},
+                os.path.join(log_dir, f"worker{i}.log"),
+                f"{worker_urls[i]}/health",
+                path,
+                config,
+                node=node,
+            )
+        )
     return workers
 
 
-def _sglang_servers(cfg: dict, b: BackendConfig, hw_server: dict, capacities, seeds, log_dir: str, worker_urls: list[str],
-                    where, python: str, gpus: list[list[str]]) -> list[ProcessSpec]:
+def _sglang_servers(
+    cfg: dict,
+    b: BackendConfig,
+    hw_server: dict,
+    capacities,
+    seeds,
+    log_dir: str,
+    worker_urls: list[str],
+    where,
+    python: str,
+    gpus: list[list[str]],
+) -> list[ProcessSpec]:
     """One SGLang server per index (GPU ids of this node's servers: `gpus`)."""
     srv = b.server
     cluster = cfg["cluster"]
@@ -379,8 +347,9 @@ def _sglang_servers(cfg: dict, b: BackendConfig, hw_server: dict, capacities, se
     tp = int(model.get("tensor_parallel", 1) or 1)
     model_path = srv.model_path or _local_model_path(model) or model.get("hf_id")
     if not model_path:
-        raise OrchestrationError("backend.server.model_path is not set and the model config has neither "
-                                 "local_dir nor hf_id")
+        raise OrchestrationError(
+            "backend.server.model_path is not set and the model config has neither local_dir nor hf_id"
+        )
     load_format = srv.load_format if srv.load_format not in (None, "auto") else model.get("load_format", "auto")
     server_python = resolve_python(srv.python) if srv.python else python
     explicit = cluster.get("kv_cache_tokens")
@@ -388,7 +357,12 @@ def _sglang_servers(cfg: dict, b: BackendConfig, hw_server: dict, capacities, se
     for i in range(len(worker_urls)):
         h, port, node = where(i)
         cmd = sglang_server_command(
-            server_python, model_path, h, port, cfg["eviction"]["name"], dict(cluster.get("scheduler") or {}),
+            server_python,
+            model_path,
+            h,
+            port,
+            cfg["eviction"]["name"],
+            dict(cluster.get("scheduler") or {}),
             kv_cache_tokens=int(capacities[i]) if explicit is not None else None,
             mem_fraction=None if explicit is not None else float(cluster["mem_fraction"]),
             tensor_parallel=tp,
@@ -406,9 +380,17 @@ def _sglang_servers(cfg: dict, b: BackendConfig, hw_server: dict, capacities, se
         env.update({str(k): str(v) for k, v in (srv.env or {}).items()})
         if node is None and hw_server["uses_gpus"]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])  # remote: the node agent splits its step's GPUs
-        workers.append(ProcessSpec(f"server{i}", cmd, env, os.path.join(log_dir, f"server{i}.log"),
-                                   f"{worker_urls[i]}/health", node=node,
-                                   gpus=tp if node and hw_server["uses_gpus"] else 0))
+        workers.append(
+            ProcessSpec(
+                f"server{i}",
+                cmd,
+                env,
+                os.path.join(log_dir, f"server{i}.log"),
+                f"{worker_urls[i]}/health",
+                node=node,
+                gpus=tp if node and hw_server["uses_gpus"] else 0,
+            )
+        )
     return workers
 
 

@@ -68,8 +68,14 @@ class ManagedProcess:
         self._log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(spec.cmd)}\n".encode())
         env = _child_env(spec.env)
         try:
-            self.proc = subprocess.Popen(spec.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                spec.cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise ServerStartError(f"{spec.name}: cannot start {shlex.join(spec.cmd)}: {exc}") from exc
 
@@ -100,8 +106,10 @@ class ManagedProcess:
         return _tail(self.spec.log_path, lines)
 
     def describe_failure(self, what: str) -> str:
-        return (f"{self.name} {what}\n  command: {shlex.join(self.spec.cmd)}\n  log: {self.spec.log_path}\n"
-                f"  last lines of the log:\n" + "\n".join("    " + ln for ln in self.log_tail().splitlines()))
+        return (
+            f"{self.name} {what}\n  command: {shlex.join(self.spec.cmd)}\n  log: {self.spec.log_path}\n"
+            f"  last lines of the log:\n" + "\n".join("    " + ln for ln in self.log_tail().splitlines())
+        )
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -133,8 +141,15 @@ class RemoteNode:
         job = os.environ.get("SLURM_JOB_ID")
         if not job:
             raise OrchestrationError("servers on other nodes need a Slurm job (SLURM_JOB_ID is not set)")
-        cmd = ["srun", f"--jobid={job}", "-N1", "-n1", f"--nodelist={self.node.name}", "--kill-on-bad-exit=1",
-               f"--job-name=repro-servers-{self.node.name}"]
+        cmd = [
+            "srun",
+            f"--jobid={job}",
+            "-N1",
+            "-n1",
+            f"--nodelist={self.node.name}",
+            "--kill-on-bad-exit=1",
+            f"--job-name=repro-servers-{self.node.name}",
+        ]
         gpus = sum(s.gpus for s in self.specs)
         if gpus:
             cmd.append(f"--gpus-per-node={gpus}")
@@ -149,14 +164,20 @@ class RemoteNode:
                 write_json_atomic(s.config_path, s.config)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.addr_path)
-        write_json_atomic(self.spec_path, {
-            "host": self.node.addr, "addr_file": self.addr_path, "grace_s": self.plan.timeouts["shutdown_grace_s"],
-            # ports this node's processes were given but may not have bound yet: not free for the agent
-            # when "nodes" share a host (the test cluster); harmless elsewhere
-            "avoid_ports": self.plan.local_ports,
-            "servers": [{"name": s.name, "cmd": s.cmd, "env": s.env, "log": s.log_path, "gpus": s.gpus}
-                        for s in self.specs],
-        })
+        write_json_atomic(
+            self.spec_path,
+            {
+                "host": self.node.addr,
+                "addr_file": self.addr_path,
+                "grace_s": self.plan.timeouts["shutdown_grace_s"],
+                # ports this node's processes were given but may not have bound yet: not free for the agent
+                # when "nodes" share a host (the test cluster); harmless elsewhere
+                "avoid_ports": self.plan.local_ports,
+                "servers": [
+                    {"name": s.name, "cmd": s.cmd, "env": s.env, "log": s.log_path, "gpus": s.gpus} for s in self.specs
+                ],
+            },
+        )
         cmd = self.srun_command()
         env = _child_env()
         for k in ("SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_NPROCS"):  # the cell's own step
@@ -164,8 +185,14 @@ class RemoteNode:
         self._log = open(self.log_path, "ab", buffering=0)
         self._log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(cmd)}\n".encode())
         try:
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise ServerStartError(f"{self.name}: cannot run {shlex.join(cmd)}: {exc}") from exc
 
@@ -173,8 +200,10 @@ class RemoteNode:
         return None if self.proc is None else self.proc.poll()
 
     def failure(self, what: str) -> str:
-        return (f"{self.name}: {what}\n  step: {shlex.join(self.srun_command())}\n  agent log: {self.log_path}\n"
-                f"  last lines of the agent log:\n" + "\n".join("    " + ln for ln in _tail(self.log_path).splitlines()))
+        return (
+            f"{self.name}: {what}\n  step: {shlex.join(self.srun_command())}\n  agent log: {self.log_path}\n"
+            f"  last lines of the agent log:\n" + "\n".join("    " + ln for ln in _tail(self.log_path).splitlines())
+        )
 
     def wait_addresses(self, deadline: float) -> dict[str, str]:
         """{placeholder URL: real URL} of this node's servers, once the agent has written them."""
@@ -243,9 +272,12 @@ class RemoteServer:
         return self.node.poll()
 
     def describe_failure(self, what: str) -> str:
-        return (f"{self.name} {what}\n  log: {self.spec.log_path}\n  last lines of the log:\n"
-                + "\n".join("    " + ln for ln in _tail(self.spec.log_path).splitlines())
-                + "\n" + self.node.failure("its node agent"))
+        return (
+            f"{self.name} {what}\n  log: {self.spec.log_path}\n  last lines of the log:\n"
+            + "\n".join("    " + ln for ln in _tail(self.spec.log_path).splitlines())
+            + "\n"
+            + self.node.failure("its node agent")
+        )
 
 
 # Local probes never go through an http_proxy of the environment (Slurm nodes often set one).
@@ -292,12 +324,15 @@ def check_port_free(spec: ProcessSpec) -> None:
         try:
             s.bind((parts.hostname or "127.0.0.1", parts.port))
         except OSError as exc:
-            raise ServerStartError(f"{spec.name}: port {parts.port} on {parts.hostname} is already in use ({exc}); "
-                                   f"not started\n  command: {shlex.join(spec.cmd)}") from None
+            raise ServerStartError(
+                f"{spec.name}: port {parts.port} on {parts.hostname} is already in use ({exc}); "
+                f"not started\n  command: {shlex.join(spec.cmd)}"
+            ) from None
 
 
-def wait_healthy(procs: Sequence[ManagedProcess], timeout_s: float, interval_s: float = 0.5,
-                 deadline: float | None = None) -> float:
+def wait_healthy(
+    procs: Sequence[ManagedProcess], timeout_s: float, interval_s: float = 0.5, deadline: float | None = None
+) -> float:
     """Poll every process's health URL until all answer 200; returns the seconds it took.
 
     ServerStartError as soon as one exits, or when timeout_s (or the absolute monotonic
@@ -327,11 +362,20 @@ def wait_healthy(procs: Sequence[ManagedProcess], timeout_s: float, interval_s: 
             first = pending[0]
             raise ServerStartError(
                 f"not healthy after {time.monotonic() - t0:.0f}s: {names} (last probe of {first.name} "
-                f"{first.spec.health_url}: {last.get(first.name)})\n"
-                + first.describe_failure("never became healthy")
+                f"{first.spec.health_url}: {last.get(first.name)})\n" + first.describe_failure("never became healthy")
             )
         time.sleep(interval_s)
     return time.monotonic() - t0
 
 
-__all__ = ["HEALTH_PROBE_TIMEOUT_S", "FATAL_LOG_LINES", "ManagedProcess", "check_port_free", "fatal_log_line", "RemoteNode", "RemoteServer", "probe", "wait_healthy"]
+__all__ = [
+    "HEALTH_PROBE_TIMEOUT_S",
+    "FATAL_LOG_LINES",
+    "ManagedProcess",
+    "check_port_free",
+    "fatal_log_line",
+    "RemoteNode",
+    "RemoteServer",
+    "probe",
+    "wait_healthy",
+]

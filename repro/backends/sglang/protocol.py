@@ -91,7 +91,7 @@ def _int_list(value: Any, what: str) -> np.ndarray:
     if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
         bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
         if bad is None:  # all integers, one too big for int64 (numpy made an object array)
-            big = next(v for v in value if not -2**63 <= v < 2**64)
+            big = next(v for v in value if not -(2**63) <= v < 2**64)
             shown = str(big) if len(str(big)) <= 24 else f"{str(big)[:20]}... ({len(str(big))} digits)"
             raise ProtocolError(f"{what} holds ids outside 0..2^31-1 (found {shown})")
         raise ProtocolError(f"{what} must hold integers, found {repr(bad)[:60]}")
@@ -174,16 +174,50 @@ def _reference_output_ids(labels: Any) -> np.ndarray | None:
 # What the router service forwards (sglang 0.5.23 `GenerateReqInput` / `SamplingParams` fields a
 # text-only LLM request uses). Anything else is refused with a 400 naming it: a typo'd option would
 # otherwise be ignored by SGLang without a word, and a junk field would ride along to every worker.
-FORWARDED_KEYS = frozenset({
-    "text", "input_ids", "sampling_params", "stream", "rid", "custom_labels",
-    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
-})
-SAMPLING_KEYS = frozenset({
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
-})
+FORWARDED_KEYS = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "stream",
+        "rid",
+        "custom_labels",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "token_ids_logprob",
+        "return_text_in_logprobs",
+    }
+)
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+        "custom_params",
+    }
+)
 
 
 def check_known_keys(body: Any) -> None:
@@ -374,8 +408,13 @@ def raise_open_file_limit() -> int:
         return -1
 
 
-async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 1.0,
-                    keepalive_timeout: float | None = None):
+async def serve_app(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shutdown_timeout: float = 1.0,
+    keepalive_timeout: float | None = None,
+):
     """Serve an aiohttp `app` on host:port (0 = a free port); returns (runner, bound port).
     keepalive_timeout: a connection that holds no complete request this long (idle, or its
     headers half-sent) is closed (None: aiohttp's default, about an hour).

@@ -188,8 +188,9 @@ class RealTimeWorker:
         finished = set(done)
         t = self.table
         if info is not None and info.prefill:
-            advanced = [i for i, _ in info.prefill if not math.isnan(t.first_token_s[i])
-                        and self.streams[i].emitted == 0]
+            advanced = [
+                i for i, _ in info.prefill if not math.isnan(t.first_token_s[i]) and self.streams[i].emitted == 0
+            ]
         else:
             advanced = list(self.running)
         for i in advanced:

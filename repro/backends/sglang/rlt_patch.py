@@ -322,9 +322,14 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
             result = orig_evict(self, params)
             if getattr(self, "_repro_log_evictions", False) and result.num_tokens_evicted:
                 self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + result.num_tokens_evicted
-                logger.info("%s policy=%s asked=%d evicted=%d total=%d", EVICT_LOG_PREFIX,
-                            self.eviction_policy,
-                            params.num_tokens, result.num_tokens_evicted, self._repro_evicted_total)
+                logger.info(
+                    "%s policy=%s asked=%d evicted=%d total=%d",
+                    EVICT_LOG_PREFIX,
+                    self.eviction_policy,
+                    params.num_tokens,
+                    result.num_tokens_evicted,
+                    self._repro_evicted_total,
+                )
             return result
         strategy = self.eviction_strategy
         remaining = params.num_tokens
@@ -344,10 +349,18 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
             remaining -= got
         if evicted:
             self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + evicted
-            logger.info("%s policy=%s asked=%d evicted=%d total=%d random=%d fallback=%d resets=%d phase=%d",
-                        EVICT_LOG_PREFIX, RLT_POLICY_NAME, params.num_tokens, evicted, self._repro_evicted_total,
-                        strategy.random_evicted_tokens, strategy.fallback_evicted_tokens, strategy.resets,
-                        strategy.phase)
+            logger.info(
+                "%s policy=%s asked=%d evicted=%d total=%d random=%d fallback=%d resets=%d phase=%d",
+                EVICT_LOG_PREFIX,
+                RLT_POLICY_NAME,
+                params.num_tokens,
+                evicted,
+                self._repro_evicted_total,
+                strategy.random_evicted_tokens,
+                strategy.fallback_evicted_tokens,
+                strategy.resets,
+                strategy.phase,
+            )
         return EvictResult(num_tokens_evicted=evicted)
 
     @functools.wraps(orig_reset)
@@ -394,7 +407,9 @@ def apply() -> None:
     if registry.get_radix_cache_factory(RADIX_BACKEND_NAME) is None:
         registry.register_radix_cache_backend(RADIX_BACKEND_NAME, _radix_cache_factory)
     _applied = True
-    logger.info("repro: RLT patch applied (eviction policy %r, radix-cache backend %r)", RLT_POLICY_NAME, RADIX_BACKEND_NAME)
+    logger.info(
+        "repro: RLT patch applied (eviction policy %r, radix-cache backend %r)", RLT_POLICY_NAME, RADIX_BACKEND_NAME
+    )
 
 
 def patch_state() -> dict:

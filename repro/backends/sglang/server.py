@@ -85,8 +85,10 @@ def build_sglang_argv(argv: list[str]) -> list[str]:
     backend = _flag_value(argv, "--radix-cache-backend")
     if backend == SGLANG_DEFAULT_BACKEND:
         if policy is not None and policy.lower() == rlt_patch.RLT_POLICY_NAME:
-            raise SystemExit(f"error: --radix-cache-backend {SGLANG_DEFAULT_BACKEND} builds UnifiedRadixCache, "
-                             f"which RLT's hooks do not reach")
+            raise SystemExit(
+                f"error: --radix-cache-backend {SGLANG_DEFAULT_BACKEND} builds UnifiedRadixCache, "
+                f"which RLT's hooks do not reach"
+            )
         return _drop_flag(argv, "--radix-cache-backend")  # SGLang's own selection chain
     if policy is None or policy.lower() != rlt_patch.RLT_POLICY_NAME:
         if "--disable-radix-cache" not in argv and backend is None:

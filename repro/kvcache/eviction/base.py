@@ -52,8 +52,9 @@ class EvictionPolicy:
         self.cache: RadixCache | None = None
 
     @classmethod
-    def create(cls, seed: "int | np.random.Generator" = 0, trace: "TraceIndex | None" = None,
-               **params) -> "EvictionPolicy":
+    def create(
+        cls, seed: "int | np.random.Generator" = 0, trace: "TraceIndex | None" = None, **params
+    ) -> "EvictionPolicy":
         """One instance for one cache. `seed`: randomized policies; `trace`: the whole future
         trace, given by the replayer only (an offline policy raises ValueError without it);
         `params`: the config's other keys, the keywords of __init__ (checked before any work by

@@ -54,7 +54,9 @@ class OPTEviction(EvictionPolicy):
         segs, ends = self._segs, self._ends
         i = bisect_left(ends, depth)
         if i >= len(ends):
-            raise ValueError("OPT: the cache holds a token outside the current trace path; OPT runs in the replayer only")
+            raise ValueError(
+                "OPT: the cache holds a token outside the current trace path; OPT runs in the replayer only"
+            )
         return segs[i]
 
     def _key(self, node):
@@ -134,4 +136,3 @@ class OPTEviction(EvictionPolicy):
         live = {id(n) for k, n in self.heap if n.okey is k}
         for node in self.cache.iter_evictable_leaves():
             assert id(node) in live, "OPT: an evictable leaf has no valid heap entry"
-

@@ -372,4 +372,3 @@ class RLTEviction(EvictionPolicy):
                 assert node.lidx == i, "RLT: stale list index"
         fresh = {id(n) for s, n in self.heap if n.lidx >= 0 and n.stamp == s} | {id(n) for n in self.dirty}
         assert leaves_m <= fresh, "RLT: a marked evictable leaf is missing from the fallback heap"
-

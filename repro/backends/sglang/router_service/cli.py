@@ -57,8 +57,13 @@ async def _serve(service: RouterService, host: str, port: int) -> int:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 2
     service.warm_parser()
-    log.info("router service (%s) on http://%s:%d in front of %d workers",
-             type(service.router).__name__, host, bound, len(service.workers))
+    log.info(
+        "router service (%s) on http://%s:%d in front of %d workers",
+        type(service.router).__name__,
+        host,
+        bound,
+        len(service.workers),
+    )
     await stop.wait()
     log.info("router service stopping: %s", json.dumps({k: v for k, v in service.stats().items() if k != "workers"}))
     await service.stop()
@@ -66,10 +71,15 @@ async def _serve(service: RouterService, host: str, port: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.server_main(argv, module="repro.backends.sglang.router_service", what="router service",
-                           description="repro router service (SGLang /generate proxy with repro routers)",
-                           config_help="JSON: router, model, hardware, service", load=service_from_file,
-                           serve=_serve)
+    return cli.server_main(
+        argv,
+        module="repro.backends.sglang.router_service",
+        what="router service",
+        description="repro router service (SGLang /generate proxy with repro routers)",
+        config_help="JSON: router, model, hardware, service",
+        load=service_from_file,
+        serve=_serve,
+    )
 
 
 __all__ = ["build_router", "main", "service_from_file"]

@@ -56,8 +56,7 @@ async def discover(session: Any, workers: Sequence[WorkerState], cfg: RouterServ
     reasons: dict[int, str] = {}
     while True:
         results = await asyncio.gather(
-            *(check_health(session, w, min(cfg.health_check_timeout_s, cfg.startup_health_timeout_s))
-              for w in workers)
+            *(check_health(session, w, min(cfg.health_check_timeout_s, cfg.startup_health_timeout_s)) for w in workers)
         )
         reasons = {w.worker_id: r for w, r in zip(workers, results) if r is not None}
         if not reasons or time.monotonic() >= deadline:
@@ -146,5 +145,12 @@ async def poll_loop(session: Any, workers: Sequence[WorkerState], cfg: RouterSer
         await asyncio.sleep(cfg.load_poll_interval_s)
 
 
-__all__ = ["NoHealthyWorkersError", "check_health", "discover", "get_json", "health_loop", "poll_loop",
-           "setup_trackers"]
+__all__ = [
+    "NoHealthyWorkersError",
+    "check_health",
+    "discover",
+    "get_json",
+    "health_loop",
+    "poll_loop",
+    "setup_trackers",
+]

@@ -181,8 +181,8 @@ class WorkerState:
             "excluded": self.stall.excluded,  # from new requests: in-flight ones stalled (stall.py)
             "stall_exclusions": self.stall.exclusions,
             "stall_closest": round(self.stall.closest, 3),  # largest silence / limit seen (1: excluded)
-            "excluded_s": self.stall.excluded_s + (time.monotonic() - self.stall.excluded_at
-                                                   if self.stall.excluded_at is not None else 0.0),
+            "excluded_s": self.stall.excluded_s
+            + (time.monotonic() - self.stall.excluded_at if self.stall.excluded_at is not None else 0.0),
         }
 
 
@@ -245,8 +245,10 @@ class LiveWorkerView:
 
     def __repr__(self) -> str:
         w = self._w
-        return (f"LiveWorkerView(worker_id={self.worker_id}, healthy={w.healthy}, waiting={len(w.waiting)}, "
-                f"running={len(w.running)})")
+        return (
+            f"LiveWorkerView(worker_id={self.worker_id}, healthy={w.healthy}, waiting={len(w.waiting)}, "
+            f"running={len(w.running)})"
+        )
 
 
 __all__ = ["Flight", "LiveWorkerView", "WorkerState"]

@@ -43,7 +43,7 @@ def _check_unicode(body) -> None:
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+        bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
         raise protocol.ProtocolError(f"body holds a lone surrogate ({bad}): not valid Unicode text") from None
 
 
@@ -67,8 +67,12 @@ class ParserPool:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_parser_init, initargs=(self.tokenizer,))
+            self._pool = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_parser_init,
+                initargs=(self.tokenizer,),
+            )
         return self._pool
 
     def warm(self) -> None:

@@ -58,16 +58,18 @@ async def open_attempt(session: Any, connect_timeout_s: float, f: Flight, w: Wor
             try:
                 return "json", await resp.read()
             except (aiohttp.ClientError, OSError) as exc:
-                raise AttemptFailed(f"connection lost reading the reply: {type(exc).__name__}: {exc}",
-                                    hard=True) from None
+                raise AttemptFailed(
+                    f"connection lost reading the reply: {type(exc).__name__}: {exc}", hard=True
+                ) from None
         lines = protocol.iter_sse_lines(resp.content)
         try:
             first = await lines.__anext__()
         except StopAsyncIteration:
             raise AttemptFailed("stream closed before the first event") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise AttemptFailed(f"connection lost before the first event: {type(exc).__name__}: {exc}",
-                                hard=True) from None
+            raise AttemptFailed(
+                f"connection lost before the first event: {type(exc).__name__}: {exc}", hard=True
+            ) from None
         except protocol.ProtocolError as exc:
             raise AttemptFailed(str(exc), retry=False) from None
         keep = True
@@ -89,15 +91,19 @@ def relay_json(svc: Any, f: Flight, w: WorkerState, raw: bytes):
         new = f.tracker.add(obj)
         if not f.tracker.finished:
             raise protocol.ProtocolError("reply has no finish_reason")
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, protocol.ProtocolError,
-            protocol.WorkerReportedError) as exc:
+    except (
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+        protocol.ProtocolError,
+        protocol.WorkerReportedError,
+    ) as exc:
         w.release(f)
         return svc._fail(f, 502, f"malformed reply from worker {w.worker_id}: {exc}", "malformed")
     f.first_token_wall = asyncio.get_running_loop().time()
     w.add_tokens(f, new)
     svc._finish_success(f, w)
-    return web.Response(body=raw, content_type="application/json",
-                        headers={protocol.WORKER_HEADER: str(w.worker_id)})
+    return web.Response(body=raw, content_type="application/json", headers={protocol.WORKER_HEADER: str(w.worker_id)})
 
 
 async def relay_stream(svc: Any, f: Flight, w: WorkerState, lines, first: bytes, request):
@@ -108,8 +114,9 @@ async def relay_stream(svc: Any, f: Flight, w: WorkerState, lines, first: bytes,
     cfg = svc.config
     loop = asyncio.get_running_loop()
     where = f"worker {w.worker_id}"
-    out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                  protocol.WORKER_HEADER: str(w.worker_id)})
+    out = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", protocol.WORKER_HEADER: str(w.worker_id)}
+    )
     await out.prepare(request)
     f.response = out
     # Stall watchdog: one timer per stream, re-armed lazily (a read only stamps f.last_event).
@@ -120,8 +127,11 @@ async def relay_stream(svc: Any, f: Flight, w: WorkerState, lines, first: bytes,
     def _watch() -> None:
         nonlocal timer
         if loop.time() - f.last_event >= stall:
-            f.abort("stalled", f"worker {w.worker_id} sent nothing for {stall:g}s in the middle of the "
-                               f"stream (router_service.stall_timeout_s)")
+            f.abort(
+                "stalled",
+                f"worker {w.worker_id} sent nothing for {stall:g}s in the middle of the "
+                f"stream (router_service.stall_timeout_s)",
+            )
         else:
             timer = loop.call_at(f.last_event + stall, _watch)
 
@@ -156,8 +166,7 @@ async def relay_stream(svc: Any, f: Flight, w: WorkerState, lines, first: bytes,
     except protocol.ProtocolError as exc:
         error = ("malformed", f"malformed response from worker {w.worker_id}: {exc}")
     except (aiohttp.ClientError, OSError) as exc:
-        error = ("worker_failed", f"connection to worker {w.worker_id} lost mid-stream: "
-                                  f"{type(exc).__name__}: {exc}")
+        error = ("worker_failed", f"connection to worker {w.worker_id} lost mid-stream: {type(exc).__name__}: {exc}")
         if f.abort_reason is None:  # not our own close of the connection (abort)
             w.mark_failure(error[1], cfg.health_failure_threshold, hard=True)
     finally:

@@ -21,10 +21,20 @@ from repro.backends.sglang import protocol
 from repro.backends.sglang.config import RouterServiceConfig
 from repro.backends.sglang.router_service import health, stall
 from repro.backends.sglang.router_service.ledger import Flight, LiveWorkerView, WorkerState
-from repro.backends.sglang.router_service.parsing import (INLINE_PARSE_BYTES, ParserPool, RequestParser,
-                                                          check_content_type, parse_in_child)
-from repro.backends.sglang.router_service.relay import (AttemptFailed, open_attempt, relay_json, relay_stream,
-                                                        write_quietly)
+from repro.backends.sglang.router_service.parsing import (
+    INLINE_PARSE_BYTES,
+    ParserPool,
+    RequestParser,
+    check_content_type,
+    parse_in_child,
+)
+from repro.backends.sglang.router_service.relay import (
+    AttemptFailed,
+    open_attempt,
+    relay_json,
+    relay_stream,
+    write_quietly,
+)
 from repro.kvcache import as_key
 from repro.workloads.request import Request
 
@@ -90,8 +100,11 @@ class RouterService:
         self._t0 = loop.time()
         self._tasks.append(asyncio.create_task(health.health_loop(self._session, self.workers, self.config)))
         if self.config.stall_exclude:
-            self._tasks.append(asyncio.create_task(stall.stall_loop(self.workers, self.config.stall_exclude_floor_s,
-                                                                    self.config.stall_exclude_factor)))
+            self._tasks.append(
+                asyncio.create_task(
+                    stall.stall_loop(self.workers, self.config.stall_exclude_floor_s, self.config.stall_exclude_factor)
+                )
+            )
         if self.config.load_poll_interval_s > 0:
             self._tasks.append(asyncio.create_task(health.poll_loop(self._session, self.workers, self.config)))
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -100,8 +113,9 @@ class RouterService:
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/stats", self.handle_stats)
         app.router.add_get("/workers", self.handle_workers)
-        self._runner, self.port = await protocol.serve_app(app, host, port, shutdown_timeout=2.0,
-                                                           keepalive_timeout=self.config.client_timeout_s)
+        self._runner, self.port = await protocol.serve_app(
+            app, host, port, shutdown_timeout=2.0, keepalive_timeout=self.config.client_timeout_s
+        )
         return self.port
 
     async def stop(self) -> None:
@@ -142,8 +156,9 @@ class RouterService:
         try:
             self.router.on_request_abandoned(f.request, f.chosen, self.now_s())
         except Exception as exc:
-            self._callback_error(f"on_request_abandoned(request {f.request.id}, worker {f.chosen}): "
-                                 f"{type(exc).__name__}: {exc}")
+            self._callback_error(
+                f"on_request_abandoned(request {f.request.id}, worker {f.chosen}): {type(exc).__name__}: {exc}"
+            )
 
     def _next_worker(self, tried: Sequence[int]) -> WorkerState | None:
         """The healthy untried worker with the fewest requests in flight (ties: lowest id); one
@@ -258,8 +273,12 @@ class RouterService:
         self.received += 1
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            return self._reject(413, f"request body of {request.content_length} bytes exceeds the limit of "
-                                     f"{limit} bytes (router_service.max_body_bytes)", "request_too_large")
+            return self._reject(
+                413,
+                f"request body of {request.content_length} bytes exceeds the limit of "
+                f"{limit} bytes (router_service.max_body_bytes)",
+                "request_too_large",
+            )
         try:
             check_content_type(request.headers.get("Content-Type"))
         except protocol.ProtocolError as exc:
@@ -268,11 +287,17 @@ class RouterService:
             async with asyncio.timeout(self.config.client_timeout_s):  # a half-sent body holds nothing forever
                 raw = await request.read()  # aiohttp stops a chunked body at client_max_size (= the limit)
         except web.HTTPRequestEntityTooLarge:
-            return self._reject(413, f"request body exceeds the limit of {limit} bytes "
-                                     f"(router_service.max_body_bytes)", "request_too_large")
+            return self._reject(
+                413,
+                f"request body exceeds the limit of {limit} bytes (router_service.max_body_bytes)",
+                "request_too_large",
+            )
         except TimeoutError:
-            resp = self._reject(408, f"request body not received within {self.config.client_timeout_s:g}s "
-                                     f"(router_service.client_timeout_s)", "request_timeout")
+            resp = self._reject(
+                408,
+                f"request body not received within {self.config.client_timeout_s:g}s (router_service.client_timeout_s)",
+                "request_timeout",
+            )
             resp.force_close()
             return resp
         except ConnectionError:  # the client left while sending its body: nobody to answer, no traceback
@@ -295,8 +320,11 @@ class RouterService:
 
         fits = max((w.capacity for w in self.workers), default=0)
         if len(prompt) > fits:  # no worker could ever hold it: refused here, not after a round trip
-            return self._reject(400, f"prompt of {len(prompt)} tokens exceeds every worker's KV cache "
-                                     f"(largest: {fits} tokens)", "invalid_request_error")
+            return self._reject(
+                400,
+                f"prompt of {len(prompt)} tokens exceeds every worker's KV cache (largest: {fits} tokens)",
+                "invalid_request_error",
+            )
         key = self._next_key
         self._next_key += 1
         n_out = inp.max_new_tokens
@@ -312,11 +340,14 @@ class RouterService:
             return self._reject(500, f"router {type(self.router).__name__}.select_worker failed: {exc}", "internal")
         self.route_ns += time.perf_counter_ns() - t0
         self.route_calls += 1
-        if isinstance(chosen, (bool, np.bool_)) or not isinstance(chosen, (int, np.integer)) or not (
-            0 <= int(chosen) < len(self.workers)
+        if (
+            isinstance(chosen, (bool, np.bool_))
+            or not isinstance(chosen, (int, np.integer))
+            or not (0 <= int(chosen) < len(self.workers))
         ):
-            return self._reject(500, f"router returned worker {chosen!r}; valid ids are 0..{len(self.workers) - 1}",
-                                "internal")
+            return self._reject(
+                500, f"router returned worker {chosen!r}; valid ids are 0..{len(self.workers) - 1}", "internal"
+            )
         f = Flight(key, req, as_key(prompt), recv_wall, int(chosen), raw, inp.stream)
         f.tracker.where = "worker response"
         try:
@@ -384,8 +415,12 @@ class RouterService:
             _, status, text = opened
             w.release(f)
             self._count_failure(f, "worker_rejected")
-            return web.Response(status=status, body=text.encode(), content_type="application/json",
-                                headers={protocol.WORKER_HEADER: str(w.worker_id)})
+            return web.Response(
+                status=status,
+                body=text.encode(),
+                content_type="application/json",
+                headers={protocol.WORKER_HEADER: str(w.worker_id)},
+            )
         if f.abort_reason is not None:  # marked down while this task was waking up: nothing sent yet
             if opened[0] == "stream":
                 opened[1].close()

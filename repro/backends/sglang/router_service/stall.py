@@ -141,9 +141,14 @@ def check(workers: Sequence[Any], floor_s: float, factor: float, now: float) -> 
         if st.first_excluded_at is None:
             st.first_excluded_at = now
         st.exclusions += 1
-        log.warning("worker %d excluded from routing new requests: its %d in-flight requests made no progress "
-                    "for %.2fs (limit %.2fs from its own history) while other workers progress", w.worker_id,
-                    w.in_flight, now - start, limit)
+        log.warning(
+            "worker %d excluded from routing new requests: its %d in-flight requests made no progress "
+            "for %.2fs (limit %.2fs from its own history) while other workers progress",
+            w.worker_id,
+            w.in_flight,
+            now - start,
+            limit,
+        )
 
 
 async def stall_loop(workers: Sequence[Any], floor_s: float, factor: float) -> None:

@@ -1,0 +1,163 @@
+"""The command lines of a cell's processes: SGLang servers (SGLang 0.5.23 flags), the real
+sglang-router, our emulated worker and our router service. planning.plan_cell puts them into a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from repro.backends.sglang.config import SGLANG_ROUTER_POLICIES
+from repro.backends.sglang.errors import OrchestrationError
+
+
+def sglang_server_command(
+    python: str,
+    model_path: str,
+    host: str,
+    port: int,
+    eviction_policy: str,
+    scheduler: Mapping[str, Any],
+    *,
+    kv_cache_tokens: int | None,
+    mem_fraction: float | None,
+    tensor_parallel: int = 1,
+    random_seed: int | None = None,
+    load_format: str | None = None,
+    dtype: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """`python -m repro.backends.sglang.server ...` with SGLang 0.5.23 server flags.
+
+    KV budget: `--max-total-tokens` when the cell sets an explicit per-worker token budget
+    (cluster.kv_cache_tokens), else `--mem-fraction-static` (SGLang's fraction of GPU memory for
+    weights + KV pool: the same formula the simulator uses for its capacity).
+    """
+    cmd = [
+        python,
+        "-m",
+        "repro.backends.sglang.server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--radix-eviction-policy",
+        str(eviction_policy),
+    ]
+    if kv_cache_tokens is not None:
+        cmd += ["--max-total-tokens", str(int(kv_cache_tokens))]
+    if mem_fraction is not None:
+        cmd += ["--mem-fraction-static", f"{float(mem_fraction):g}"]
+    sched = dict(scheduler or {})
+    if "schedule_policy" in sched:
+        cmd += ["--schedule-policy", str(sched["schedule_policy"])]
+    if "max_running_requests" in sched:
+        cmd += ["--max-running-requests", str(int(sched["max_running_requests"]))]
+    if "max_prefill_tokens" in sched:
+        cmd += ["--max-prefill-tokens", str(int(sched["max_prefill_tokens"]))]
+    if "chunked_prefill_size" in sched:
+        c = sched["chunked_prefill_size"]
+        cmd += ["--chunked-prefill-size", str(-1 if c is None or int(c) <= 0 else int(c))]
+    if tensor_parallel > 1:
+        cmd += ["--tp-size", str(int(tensor_parallel))]
+    if random_seed is not None:
+        cmd += ["--random-seed", str(int(random_seed))]
+    if load_format and load_format != "auto":
+        cmd += ["--load-format", str(load_format)]
+    if dtype and dtype != "auto":
+        cmd += ["--dtype", str(dtype)]
+    return cmd + [str(a) for a in extra_args]
+
+
+def sglang_router_command(
+    python: str,
+    host: str,
+    port: int,
+    worker_urls: Sequence[str],
+    router_cfg: Mapping[str, Any],
+    *,
+    request_timeout_s: float,
+    worker_startup_timeout_s: float,
+    prometheus_port: int,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """`python -m sglang_router.launch_router ...` (sglang-router 0.3.2 flags) for the cell's router.
+
+    cache_aware passes our config's thresholds (same names and defaults as the Rust router);
+    match_on / worker_order / generation have no Rust counterpart (the real router matches the
+    request text, or the ids as decimal strings, and its load ties follow its registry order).
+    Its Prometheus endpoint (default 0.0.0.0:29000, where a second router on the node would
+    collide and panic) goes to `prometheus_port` on `host`.
+    """
+    name = str(router_cfg.get("name"))
+    if name not in SGLANG_ROUTER_POLICIES:
+        raise OrchestrationError(
+            f"router_impl=sglang_router supports routers {SGLANG_ROUTER_POLICIES}, not {name!r} (use router_impl=ours)"
+        )
+    cmd = [
+        python,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        name,
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(prometheus_port),
+    ]
+    if name == "cache_aware":
+        cmd += [
+            "--cache-threshold",
+            f"{float(router_cfg.get('cache_threshold', 0.3)):g}",
+            "--balance-abs-threshold",
+            str(int(router_cfg.get("balance_abs_threshold", 64))),
+            "--balance-rel-threshold",
+            f"{float(router_cfg.get('balance_rel_threshold', 1.5)):g}",
+            "--eviction-interval-secs",
+            str(int(router_cfg.get("eviction_interval_secs", 60))),
+            "--max-tree-size",
+            str(int(router_cfg.get("max_tree_size", 2**26))),
+        ]
+    cmd += [
+        "--request-timeout-secs",
+        str(int(math.ceil(request_timeout_s))),
+        "--worker-startup-timeout-secs",
+        str(int(math.ceil(worker_startup_timeout_s))),
+    ]
+    return cmd + [str(a) for a in extra_args]
+
+
+def emulated_worker_command(python: str, host: str, port: int, config_path: str) -> list[str]:
+    return [
+        python,
+        "-m",
+        "repro.backends.sglang.emulated_worker",
+        "--config",
+        config_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+
+
+def router_service_command(python: str, host: str, port: int, config_path: str) -> list[str]:
+    return [
+        python,
+        "-m",
+        "repro.backends.sglang.router_service",
+        "--config",
+        config_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
