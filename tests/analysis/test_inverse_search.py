@@ -68,6 +68,11 @@ def test_resume_adds_trials_to_the_journal_and_keeps_finished_cells(resumed):
     one_shot = _study(resumed.b)
     assert [t.params for t in study.trials] == [t.params for t in one_shot.trials]
     assert [t.value for t in study.trials] == [t.value for t in one_shot.trials]
+    # trials 1 and 2: the paper's setting (trial 0) at the lowest and highest rate of the space
+    from repro.analysis.inverse_search.space import RATE_HALVES
+
+    paper = study.trials[0].params
+    assert [t.params for t in study.trials[1:3]] == [{**paper, "request_rate_x2": r} for r in RATE_HALVES]
     assert _search(resumed.a, 5) == 0 and len(_study(resumed.a).trials) == 5  # already there: nothing asked
 
 
@@ -226,6 +231,7 @@ def test_a_trial_failed_meanwhile_by_another_process_ends_without_error(tmp_path
 
     monkeypatch.setattr(Runner, "run", run_then_abandoned)
     assert _search(tmp_path, 1) == 0
-    (t,) = _study(tmp_path).trials
+    t, *queued = _study(tmp_path).trials  # the rate-range ends stay enqueued for a later run
     assert t.state.name == "FAIL" and "error" not in t.user_attrs and counted(_study(tmp_path)) == 0
+    assert [q.state.name for q in queued] == ["WAITING", "WAITING"]
     assert len(list((tmp_path / EXP).glob("*/summary.json"))) == 2

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.analysis.inverse_search.claims import Target
-from repro.analysis.inverse_search.space import Setting, default_params, suggest
+from repro.analysis.inverse_search.space import RATE_HALVES, Setting, default_params, suggest
 
 EXP = "inverse_search"
 SPACE_VERSION = 1  # part of a study's identity: a changed space is a new study
@@ -216,7 +216,7 @@ def _abandon_dead(study) -> list[int]:
 
 def counted(study) -> int:
     """Trials that count toward --trials: finished (complete, or failed with an error of their own)
-    or running; not the stopped and abandoned ones, nor the enqueued (WAITING) first trial."""
+    or running; not the stopped and abandoned ones, nor the enqueued (WAITING) first trials."""
     from optuna.trial import TrialState
 
     n = 0
@@ -301,10 +301,12 @@ def search(target: Target, claims, runner: Runner, trials: int, seed: int, out=s
     path = journal_path(runner.results_dir, target.id)
     study = open_study(path, target, create=True)
     check_identity(study, runner.identity())
-    if not study.get_trials(deepcopy=False):  # the paper's defaults first (the study's trial 0)
-        study.enqueue_trial(
-            default_params({c.swept["policy"]: c.config for c in runner.default_cells(target)}), skip_if_exists=True
-        )
+    if not study.get_trials(deepcopy=False):
+        # the paper's defaults first (trial 0), then the same at both ends of the paper's rate range
+        # (trials 1, 2): the load ladder finds the largest ratios at the lightest load
+        paper = default_params({c.swept["policy"]: c.config for c in runner.default_cells(target)})
+        for rate_x2 in (paper["request_rate_x2"], *RATE_HALVES):
+            study.enqueue_trial({**paper, "request_rate_x2": rate_x2}, skip_if_exists=True)
     for number in _abandon_dead(study):
         print(f"[{target.id}] trial {number}: its process is gone; marked failed (not counted)", file=out, flush=True)
     asked = 0
