@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_gsp import SMALL_GSP
 
 from repro.analysis.cells import compose_cell
 from repro.analysis.decisions import run_instrumented, summarise_decisions
 
 SMALL = [
-    "workload.num_queries=96",
-    "workload.num_groups=6",
-    "workload.prompts_per_group=null",
-    "workload.system_prompt_len_range=[200,400]",
-    "workload.question_len=32",
+    *SMALL_GSP,
     "cluster.kv_cache_tokens=1500",
     "workload.request_rate=40.0",
     "tracking=disabled",

@@ -5,17 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from small_gsp import SMALL_GSP
 
 from repro.analysis.lbgr_diagnostics import main
 from repro.analysis.lbgr_highload import run_cell_diag, table_md
 
-SMALL = [
-    "workload.num_queries=96",
-    "workload.num_groups=6",
-    "workload.prompts_per_group=null",
-    "workload.system_prompt_len_range=[200,400]",
-    "workload.question_len=32",
-]
+SMALL = SMALL_GSP
 
 
 @pytest.mark.parametrize("policy", ["lbgr_rlt", "cache_aware_lru"])

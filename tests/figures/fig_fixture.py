@@ -305,24 +305,29 @@ def make_theory(root: Path) -> None:
             i += 1
 
 
-def set_metric(root: str | Path, exp: str, system: str, metric: str, factor: float, **match) -> int:
-    """Multiply `metric` of every cell of `system` in results/<exp>/ (optionally matching config
-    fields given as dotted names with '__' for '.') by `factor`; returns how many cells changed."""
-    changed = 0
+def matching_cells(root: str | Path, exp: str, **match) -> list[Path]:
+    """The cell folders of results/<exp>/ whose config matches every `match` field (dotted names
+    with '__' for '.'; e.g. policy_name="LBGR+RLT", workload__name="gsp")."""
+    found = []
     for d in sorted((Path(root) / exp).iterdir()):
         cfg = yaml.safe_load((d / "config.yaml").read_text())
-        if cfg.get("policy_name") != system:
-            continue
         ok = True
         for k, v in match.items():
             node = cfg
             for part in k.split("__"):
                 node = node.get(part) if isinstance(node, dict) else None
             ok &= node == v
-        if not ok:
-            continue
+        if ok:
+            found.append(d)
+    return found
+
+
+def set_metric(root: str | Path, exp: str, system: str, metric: str, factor: float, **match) -> int:
+    """Multiply `metric` of every cell of `system` in results/<exp>/ (optionally matching config
+    fields, as `matching_cells`) by `factor`; returns how many cells changed."""
+    cells = matching_cells(root, exp, policy_name=system, **match)
+    for d in cells:
         s = json.loads((d / "summary.json").read_text())
         s[metric] = s[metric] * factor
         (d / "summary.json").write_text(json.dumps(s, sort_keys=True, indent=2))
-        changed += 1
-    return changed
+    return len(cells)

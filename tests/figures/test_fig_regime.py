@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import yaml
+
+from fig_fixture import matching_cells
 
 from repro.figures import artefact, claims
 from repro.figures.claims_evidence import regime_text
@@ -16,22 +17,13 @@ from repro.figures.load import SYSTEM, aggregate, load_cells, worst_regime
 
 def set_regime(root, exp: str, regime: str, **match) -> int:
     """Write `regime` into the summary of every cell of results/<exp>/ whose config matches
-    (dotted names with '__'); returns how many changed."""
-    changed = 0
-    for d in sorted((root / exp).iterdir()):
-        cfg = yaml.safe_load((d / "config.yaml").read_text())
-        ok = True
-        for k, v in match.items():
-            node = cfg
-            for part in k.split("__"):
-                node = node.get(part) if isinstance(node, dict) else None
-            ok &= node == v
-        if ok:
-            s = json.loads((d / "summary.json").read_text())
-            s["regime"] = regime
-            (d / "summary.json").write_text(json.dumps(s, sort_keys=True, indent=2))
-            changed += 1
-    return changed
+    (fig_fixture.matching_cells); returns how many changed."""
+    cells = matching_cells(root, exp, **match)
+    for d in cells:
+        s = json.loads((d / "summary.json").read_text())
+        s["regime"] = regime
+        (d / "summary.json").write_text(json.dumps(s, sort_keys=True, indent=2))
+    return len(cells)
 
 
 def test_worst_regime():
