@@ -240,8 +240,8 @@ def cmd_verify(a) -> int:
                 continue
             picked = cells if a.all else rng.sample(cells, min(a.cells, len(cells)))
             for d in picked:
-                try:
-                    problems = _verify_cell(root, exp, d, Path(tmp))
+                try:  # a folder of its own: a twin rerun before (same signature, other experiment) is not copied
+                    problems = _verify_cell(root, exp, d, Path(tmp) / f"{exp}-{d.name}")
                 except Exception as exc:  # a damaged cell is listed; the others are still checked
                     problems = [f"{type(exc).__name__}: {exc}"]
                 bad += bool(problems)

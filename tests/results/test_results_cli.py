@@ -79,3 +79,15 @@ def test_verify_reruns_from_scratch_byte_for_byte(grid, tmp_path, capsys):
     sha.write_text("0" * 64 + "  requests.parquet\n")
     assert main(["verify", "--results-dir", str(copy), "--all"]) == 1
     assert "requests.parquet sha256 0000" in capsys.readouterr().out
+
+
+def test_verify_reruns_each_cell_alone_even_when_a_twin_was_rerun_before(grid, tmp_path, capsys):
+    """The same cell in two experiments: the second rerun must run, not copy the first one's result."""
+    import shutil
+
+    copy = tmp_path / "r"
+    shutil.copytree(grid, copy)
+    shutil.copytree(copy / "tiny", copy / "tiny_twin")  # same signatures, another experiment
+    assert main(["verify", "--results-dir", str(copy), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("identical") == 8 and "copied" not in out, out
