@@ -25,6 +25,7 @@ from repro.figures.style import (
     system_colors,
     system_order,
     write_text,
+    title_and_legend,
 )
 
 RATE, WORKLOAD = "workload.request_rate", "workload.name"
@@ -83,10 +84,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
                 ax.set_xlabel("")
     handles = [Line2D([0], [0], color=colors[s], label=s, **line_style(s, systems)) for s in systems]
     handles += regime_legend_handles(agg[REGIME])
-    height = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.85 / height))
-    fig.suptitle(counted(FIGURE.title, systems), y=1 - 0.08 / height, fontsize=9)
-    fig.legend(handles=handles, loc="upper center", ncol=4, frameon=False, bbox_to_anchor=(0.5, 1 - 0.24 / height))
+    title_and_legend(fig, counted(FIGURE.title, systems), handles, ncol=4, head_in=0.85, legend_in=0.24)
     caption = caption_text(df, agg)
     add_caption(fig, caption, width_chars=int(3.4 * len(workloads) * 17))
     paths = save_figure(fig, figures_dir, NAME)

@@ -26,6 +26,7 @@ from repro.figures.style import (
     system_colors,
     system_order,
     write_text,
+    title_and_legend,
 )
 
 WINDOW_S = 120.0
@@ -100,17 +101,7 @@ def render(results_dir: str | Path = "results", figures_dir: str | Path = "figur
         ax.set_xlabel("trace time (min)")
         ax.set_title(label)
     handles = [Patch(facecolor=colors[s], label=s) for s in systems]
-    height = fig.get_figheight()
-    top = 1 - 0.62 / height
-    fig.tight_layout(rect=(0, 0, 1, top))
-    fig.suptitle(FIGURE.title, y=1 - 0.08 / height, fontsize=9)
-    fig.legend(
-        handles=handles,
-        loc="upper center",
-        ncol=min(len(systems), 9),
-        frameon=False,
-        bbox_to_anchor=(0.5, 1 - 0.26 / height),
-    )
+    title_and_legend(fig, FIGURE.title, handles, ncol=min(len(systems), 9))
     caption = FIGURE.caption(df)
     add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
     paths = save_figure(fig, figures_dir, NAME)

@@ -48,6 +48,7 @@ from repro.figures.style import (
     system_colors,
     system_order,
     write_text,
+    title_and_legend,
 )
 
 PERCENT_METRICS = ("hit_rate",)
@@ -290,17 +291,7 @@ class PerfFigure:
         ]
         if self.kind == "sweep":
             handles += regime_legend_handles(agg["regime"])
-        height = fig.get_figheight()
-        top = 1 - 0.62 / height  # fixed 0.62 in above the panels for the title and the legend
-        fig.tight_layout(rect=(0, 0, 1, top))
-        fig.suptitle(counted(self.title, systems), y=1 - 0.08 / height, fontsize=9)
-        fig.legend(
-            handles=handles,
-            loc="upper center",
-            ncol=min(len(handles), 8),
-            frameon=False,
-            bbox_to_anchor=(0.5, 1 - 0.26 / height),
-        )
+        title_and_legend(fig, counted(self.title, systems), handles, ncol=min(len(handles), 8))
         caption = self.caption(df)
         add_caption(fig, caption, width_chars=int(2.25 * n_cols * 17))
         paths = save_figure(fig, figures_dir, self.name)

@@ -124,6 +124,17 @@ def system_colors(systems) -> dict[str, str]:
     return {s: colors[s] for s in system_order(systems)}
 
 
+def title_and_legend(fig, title: str, handles: list, ncol: int, head_in: float = 0.62, legend_in: float = 0.26) -> None:
+    """Lay the panels out under a fixed band of `head_in` inches for the title and a legend whose
+    top sits `legend_in` inches below the figure's top edge (inches, so any figure height fits)."""
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, 1 - head_in / height))
+    fig.suptitle(title, y=1 - 0.08 / height, fontsize=9)
+    fig.legend(
+        handles=handles, loc="upper center", ncol=ncol, frameon=False, bbox_to_anchor=(0.5, 1 - legend_in / height)
+    )
+
+
 def add_caption(fig, caption: str, width_chars: int) -> None:
     """Caption under the axes (bbox_inches='tight' grows the canvas to hold it)."""
     wrapped = "\n".join(textwrap.fill(p, width_chars) for p in caption.split("\n"))

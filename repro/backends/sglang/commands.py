@@ -136,28 +136,13 @@ def sglang_router_command(
 
 
 def emulated_worker_command(python: str, host: str, port: int, config_path: str) -> list[str]:
-    return [
-        python,
-        "-m",
-        "repro.backends.sglang.emulated_worker",
-        "--config",
-        config_path,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    return _service_command(python, "repro.backends.sglang.emulated_worker", host, port, config_path)
 
 
 def router_service_command(python: str, host: str, port: int, config_path: str) -> list[str]:
-    return [
-        python,
-        "-m",
-        "repro.backends.sglang.router_service",
-        "--config",
-        config_path,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    return _service_command(python, "repro.backends.sglang.router_service", host, port, config_path)
+
+
+def _service_command(python: str, module: str, host: str, port: int, config_path: str) -> list[str]:
+    """One of our own processes: `python -m module --config F --host H --port P`."""
+    return [python, "-m", module, "--config", config_path, "--host", host, "--port", str(port)]
