@@ -284,6 +284,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
         "completion_callback": rs.get("completion_callback"),
         "client": {"wall_s": report.get("wall_s"), "send_lag_s": report.get("send_lag_s")},
         "startup_s": result.startup_s,
+        "router_port_moves": result.router_port_moves,
         "log_dir": str(log_dir),
     }
     return CellResult(records=result.records, provenance=provenance, timings=timings)

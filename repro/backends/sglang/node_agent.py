@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from repro.backends.sglang.ports import pick_free_ports
+
 PORT_PLACEHOLDER = "{port}"  # in a remote server's command and URL; the agent picks the port
 
 
@@ -90,25 +92,6 @@ def split_workers(num_workers: int, nodes: Sequence[Node]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- the agent
-def _free_ports(n: int, host: str, avoid: Sequence[int] = ()) -> list[int]:
-    """n distinct free ports on host, none in `avoid` (held open together while picking)."""
-    socks, ports = [], []
-    try:
-        for _ in range(n + len(avoid) + 100):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if port not in avoid:
-                ports.append(port)
-                if len(ports) == n:
-                    return ports
-        raise OSError(f"no {n} free ports on {host} outside {sorted(avoid)}")
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _die_with_parent() -> None:
     """preexec_fn: the server gets SIGKILL if the agent dies, even by SIGKILL (Linux prctl)."""
     try:
@@ -177,7 +160,7 @@ def run_agent(spec_path: str) -> int:
             flush=True,
         )
         return 3
-    ports = _free_ports(len(servers), host, set(spec.get("avoid_ports") or ()))
+    ports = pick_free_ports(len(servers), host, set(spec.get("avoid_ports") or ()))
     procs: dict[str, subprocess.Popen] = {}
     addrs = {}
     used = 0

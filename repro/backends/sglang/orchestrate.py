@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -42,6 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 from repro.backends.sglang.planning import (
     ROUTER_IMPLS,
@@ -66,10 +68,13 @@ from repro.backends.sglang.processes import (
     RemoteNode,
     RemoteServer,
     check_port_free,
+    fatal_log_line,
     probe,
     wait_healthy,
 )
 from repro.fileio import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -129,6 +134,7 @@ class PlanResult:
     router_stats: dict | None
     worker_stats: list | None
     startup_s: dict
+    router_port_moves: int = 0  # how often the router's port was taken before it bound (_start_router)
 
 
 async def _stream_worker_state(router_url: str, log: Callable[[dict], None], every_s: float = 2.0) -> None:
@@ -151,6 +157,31 @@ async def _stream_worker_state(router_url: str, log: Callable[[dict], None], eve
                 point[f"queue/w{i}"] = w["waiting"]
                 point[f"kv_use/w{i}"] = w["active_kv_tokens"]
             log(point)
+
+
+ROUTER_PORT_TRIES = 3
+
+
+def _start_router(plan: CellPlan, deadline: float) -> tuple[ManagedProcess, float, int]:
+    """Start the router; where its port was taken meanwhile (the log says so), move it to a fresh one.
+
+    Returns the healthy router, the seconds its last start took, and how often it moved."""
+    host = urlsplit(plan.router_url).hostname or "127.0.0.1"
+    for moves in range(ROUTER_PORT_TRIES):
+        router = ManagedProcess(plan.router)
+        router.start()
+        try:
+            return router, wait_healthy([router], plan.timeouts["router_start_s"], deadline=deadline), moves
+        except BaseException:
+            lost_port = fatal_log_line(router) is not None
+            router.stop(plan.timeouts["shutdown_grace_s"])
+            if not lost_port or moves == ROUTER_PORT_TRIES - 1:
+                raise
+        taken = urlsplit(plan.router_url).port
+        port, prometheus_port = free_ports(2, host)
+        log.warning("%s: port %s was taken before it could bind; moving it to %d", plan.router.name, taken, port)
+        plan.move_router(port, prometheus_port)
+    raise AssertionError("unreachable")
 
 
 def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float], None] | None = None) -> PlanResult:
@@ -194,10 +225,10 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             if not plan.emulate:  # the server's warm-up request left a path in the cache: every cell starts empty
                 for url in plan.worker_urls:
                     flush_cache(url)
-            router = ManagedProcess(plan.router)
+            router, startup["router_s"], moves = _start_router(plan, cell_deadline)
             procs.append(router)
-            router.start()
-            startup["router_s"] = wait_healthy([router], plan.timeouts["router_start_s"], deadline=cell_deadline)
+            if moves:
+                write_json_atomic(os.path.join(plan.log_dir, "plan.json"), plan.describe())  # the port it got
             remaining = cell_deadline - time.monotonic()
             if remaining <= 0:
                 raise CellTimeoutError(f"timeouts.cell_s={plan.timeouts['cell_s']:g}s spent before the replay started")
@@ -258,7 +289,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                     for i, spec in enumerate(plan.workers)
                 ]
             write_json_atomic(os.path.join(plan.log_dir, "worker_stats.json"), worker_stats)
-            return PlanResult(records, report, router_stats, worker_stats, startup)
+            return PlanResult(records, report, router_stats, worker_stats, startup, moves)
     finally:
         grace = plan.timeouts["shutdown_grace_s"]
         exit_codes = {}

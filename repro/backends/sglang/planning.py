@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from repro.backends.sglang.config import (
     PLACEMENTS,
@@ -32,6 +32,7 @@ from repro.backends.sglang.commands import (
     sglang_server_command,
 )
 from repro.backends.sglang.errors import CellTimeoutError, OrchestrationError, ServerStartError
+from repro.backends.sglang.ports import pick_free_ports
 from repro.confutil import to_plain
 
 
@@ -79,6 +80,17 @@ class CellPlan:
         if self.router.config is not None and "service" in self.router.config:
             self.router.config["service"]["worker_urls"] = list(self.worker_urls)
 
+    def move_router(self, port: int, prometheus_port: int | None = None) -> None:
+        """Give the router another port (and the real router another metrics port): its first one was
+        taken before it could bind. Nobody has been told the router's URL yet: only the client uses it."""
+        old = urlsplit(self.router_url).port
+        self.router.cmd = _with_flag(self.router.cmd, "--port", port)
+        if prometheus_port is not None and "--prometheus-port" in self.router.cmd:
+            self.router.cmd = _with_flag(self.router.cmd, "--prometheus-port", prometheus_port)
+        self.router_url = _with_port(self.router_url, port)
+        self.router.health_url = _with_port(self.router.health_url, port)
+        self.local_ports = [port if p == old else p for p in self.local_ports]
+
     def describe(self) -> dict:
         def proc(p: ProcessSpec) -> dict:
             return {
@@ -107,18 +119,20 @@ class CellPlan:
         }
 
 
+def _with_flag(cmd: Sequence[str], flag: str, value: Any) -> list[str]:
+    out = list(cmd)
+    out[out.index(flag) + 1] = str(value)
+    return out
+
+
+def _with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{port}"))
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free TCP ports on host (held open together while picking, so all differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct ports free on host, from below the ephemeral range (ports.py says why)."""
+    return pick_free_ports(n, host)
 
 
 def assign_gpus(num_workers: int, tensor_parallel: int, gpus: Sequence[Any] | None) -> list[list[str]]:

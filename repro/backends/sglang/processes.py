@@ -105,6 +105,12 @@ class ManagedProcess:
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.spec.log_path, lines)
 
+    def log_since_start(self, lines: int = 80) -> str:
+        """The log's tail from this start's header on (a restart appends to the same log)."""
+        tail = self.log_tail(lines).splitlines()
+        starts = [i for i, ln in enumerate(tail) if ln.startswith("# ") and " start: " in ln]
+        return "\n".join(tail[starts[-1] :] if starts else tail)
+
     def describe_failure(self, what: str) -> str:
         return (
             f"{self.name} {what}\n  command: {shlex.join(self.spec.cmd)}\n  log: {self.spec.log_path}\n"
@@ -305,7 +311,7 @@ def fatal_log_line(proc: Any) -> str | None:
     """The first fatal start-up line in a local process's log tail (None: none)."""
     if not isinstance(proc, ManagedProcess):
         return None
-    for line in proc.log_tail(80).splitlines():
+    for line in proc.log_since_start(80).splitlines():
         if any(marker in line.lower() for marker in FATAL_LOG_LINES):
             return line.strip()
     return None

@@ -56,6 +56,9 @@ async def _serve(service: RouterService, host: str, port: int) -> int:
     except NoHealthyWorkersError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         return 2
+    except OSError as exc:  # the orchestrator reads "address already in use" and moves the router
+        print(f"ERROR: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return 3
     service.warm_parser()
     log.info(
         "router service (%s) on http://%s:%d in front of %d workers",

@@ -113,9 +113,13 @@ class RouterService:
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/stats", self.handle_stats)
         app.router.add_get("/workers", self.handle_workers)
-        self._runner, self.port = await protocol.serve_app(
-            app, host, port, shutdown_timeout=2.0, keepalive_timeout=self.config.client_timeout_s
-        )
+        try:
+            self._runner, self.port = await protocol.serve_app(
+                app, host, port, shutdown_timeout=2.0, keepalive_timeout=self.config.client_timeout_s
+            )
+        except BaseException:  # e.g. the port is taken: nothing started here outlives the failure
+            await self.stop()
+            raise
         return self.port
 
     async def stop(self) -> None:
