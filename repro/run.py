@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from repro import confutil
+from repro.lifeline import die_with_sweep, mark_sweep_process
 import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
 from repro.harness.argv import PreparedArgv, prepare_argv
 
@@ -99,6 +100,7 @@ CONF_DIR = str(confutil.CONF_DIR)
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _app(cfg: DictConfig) -> dict | None:
+    die_with_sweep()  # a local launcher's worker (joblib's loky): first code of ours it runs
     _state["entered"] = True
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return _run_one_cell(cfg)
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     # -m: SIGTERM unwinds the launcher like Ctrl-C, so that it stops its workers (joblib's loky
     # workers outlived a parent that SIGTERM killed outright); each cell sets its own handler too.
     previous = signal.signal(signal.SIGTERM, raise_stopped) if prepared.multirun else None
+    if prepared.multirun:
+        mark_sweep_process()  # the launcher's local workers die with this process (repro/lifeline.py)
     try:
         _app()
     except Stopped as exc:

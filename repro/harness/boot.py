@@ -1,10 +1,13 @@
-"""Spawned workers that die with their parent from their first instruction (repro.harness.pool).
+"""Workers that die with their parent from their first instruction (repro.harness.pool, and the
+loky workers of `-m hydra/launcher=joblib`: repro.lifeline).
 
 multiprocessing's spawn runs `python -c "from multiprocessing.spawn import spawn_main; ..."`,
 which imports the parent's main module and the worker's target's package (1-3 s, more on a
 loaded machine) before any code of ours runs: a parent killed with -9 meanwhile left the worker
 alive until then. `BootProcess` is a spawn Process whose command line starts with `_BOOT`.
 Tested by tests/reliability/test_worker_boot.py.
+Once running, a worker is held by repro.lifeline.die_with_parent; joblib's loky workers, whose
+command line is not ours, arm it from repro.run's first statement (repro/lifeline.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ parent, and one dead worker breaks the whole pool. Here
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import math
 import multiprocessing
@@ -41,6 +40,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from repro.harness.boot import BootProcess
+from repro.lifeline import die_with_parent
 from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped, run_cell_spec
 from repro.results import CellStore
 from repro.results.lock import CellLock, signals_deferred
@@ -97,31 +97,11 @@ def _raise_stopped(signum, frame):  # noqa: ARG001
     raise_stopped(signum, frame)
 
 
-def _die_with_parent(ppid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != ppid:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-    if os.getppid() != ppid:  # died before the watch started
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _worker_main(conn, ppid: int, tracking_event) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C that came during start-up is dropped here
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGTERM, _raise_stopped)
-    _die_with_parent(ppid)
+    die_with_parent(ppid)
     begin_sweep(tracking_event)
     gc.set_threshold(*SWEEP_GC_THRESHOLD)  # this process exists for the sweep
     try:

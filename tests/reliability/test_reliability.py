@@ -4,7 +4,8 @@ bounded by a hang guard, driven by events (cells started, workers gone), never b
 
 - a double Ctrl-C, the second at once or after the first worker stopped: the sweep exits 130,
   leaves no process, no half-written cell, no lock;
-- SIGTERM to a `hydra/launcher=joblib` sweep: its loky workers and trackers exit with it;
+- SIGTERM to a `hydra/launcher=joblib` sweep: its loky workers and trackers exit with it; after a
+  kill -9 of it too, and they leave no half-written cell and no lock;
 - every file a cell's manifest covers, changed in turn: `status` names the cell damaged, the
   next sweep recomputes it byte for byte.
 """
@@ -90,3 +91,19 @@ def test_sigterm_stops_the_joblib_launchers_workers(tmp_path):
     # joblib kills its workers (SIGKILL): their cells' locks stay, as after kill -9, and the next
     # run breaks them (their owners are dead); no summary.json is half-written either way
     assert not list(tmp_path.glob("tiny_fake/*/error.txt"))
+
+
+def test_kill_9_of_a_joblib_sweep_ends_its_workers(tmp_path):
+    """issue 34 (4, 6): after a kill -9 of a `hydra/launcher=joblib` sweep its loky workers finished
+    their cells and then idled until loky's timeout (300 s; still there after 60 s). Now they die
+    with it (repro.lifeline, armed by the task function): the cells they ran are unwound."""
+    marker = uuid.uuid4().hex
+    p = start(tmp_path, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+              "backend.sleep_s=30.0", marker=marker)
+    wait_for(lambda: len(processes_with(marker)) >= 3 and len(list(tmp_path.glob("tiny_fake/*/config.yaml"))) == 2,
+             120, "both joblib workers to start a cell")
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate(timeout=120)  # the workers hold its pipes: this returns once they are gone too
+    wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
+    assert not list(tmp_path.glob("tiny_fake/*/summary.json"))  # killed mid-cell, not finished
+    no_half_written_cells(tmp_path)

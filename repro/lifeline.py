@@ -1,0 +1,79 @@
+"""A process that dies with its parent (stdlib only: cheap to import first).
+
+- `die_with_parent(ppid)`: the in-process sweep's pool workers (repro.harness.pool) once running
+  (their command line armed PR_SET_PDEATHSIG even before: repro.harness.boot).
+- `mark_sweep_process()` / `die_with_sweep()`: joblib's loky workers of `-m hydra/launcher=joblib`
+  run `python -m joblib.externals.loky...`, a command line that is not ours, and get repro.run's
+  task function by value (it lives in __main__): its first statement, `die_with_sweep()`, arms a
+  process whose parent is the `-m` sweep's process (named in SWEEP_ENV). Without it a kill -9 of
+  the sweep left them running until loky's idle timeout (300 s). Slurm jobs (parent: slurmstepd)
+  and submitit's local jobs (parent: its controller) are not children of the sweep's process:
+  they finish the cell they run, as a submitted job does.
+Tested by tests/reliability/test_worker_boot.py and test_reliability.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+SWEEP_ENV = "REPRO_SWEEP_PROCESS"  # "pid:start time" of a `-m` sweep's process
+STOP_GRACE_S = 10.0  # after SIGTERM, the watchdog ends a process that has not ended itself
+_armed: list[int] = []
+
+
+def die_with_parent(ppid: int) -> None:
+    """SIGTERM when the parent dies (PR_SET_PDEATHSIG on Linux, and a watchdog thread comparing
+    getppid(), for where prctl is missing); os._exit(143) STOP_GRACE_S later if the process is still
+    there (a worker whose parent is gone has nobody else to end it). Idempotent."""
+    if _armed:
+        return
+    _armed.append(ppid)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == ppid:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' where /proc cannot tell): with the pid,
+    it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def mark_sweep_process() -> None:
+    """Name this process, for the launcher's workers it starts, as the one to die with."""
+    os.environ[SWEEP_ENV] = f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def die_with_sweep() -> bool:
+    """In a child of the process that `mark_sweep_process` named: die with it. True if armed."""
+    pid, _, started = os.environ.get(SWEEP_ENV, "").partition(":")
+    if not pid.isdigit() or os.getpid() == int(pid) or os.getppid() != int(pid):
+        return False
+    if started != _start_time(int(pid)):
+        return False
+    die_with_parent(int(pid))
+    return True
+
+
+__all__ = ["SWEEP_ENV", "die_with_parent", "die_with_sweep", "mark_sweep_process"]
