@@ -12,10 +12,11 @@ RLT patch applied) on its own GPU(s) via CUDA_VISIBLE_DEVICES; with `emulate: tr
 is an emulated SGLang worker (repro.backends.sglang.emulated_worker) — that is how CI runs this
 whole path without a GPU. The router is our router service (`router_impl: ours`, the cell's
 cfg.router) or the real Rust `sglang-router` (`router_impl: sglang_router`, cache_aware / random
-/ round_robin only). Every process binds 127.0.0.1 on a free port; in a Slurm job of several
-nodes (`backend.placement: auto`) the servers of the other nodes are started there by one srun
-step per node and bind that node's address (node_agent.py; launchers/README.md says what that
-exposes), while router, client and results stay on this node.
+/ round_robin only). Every process binds 127.0.0.1 on a free port below the kernel's ephemeral
+range (ports.py); a router whose port was taken before it bound moves to another. In a Slurm job
+of several nodes (`backend.placement: auto`) the servers of the other nodes are started there by
+one srun step per node and bind that node's address (node_agent.py; launchers/README.md says what
+that exposes), while router, client and results stay on this node.
 
 Guarantees:
 - Bounded in time: servers must answer /health within timeouts.server_start_s (the router within
