@@ -71,7 +71,8 @@ def backlog_slope_rps(arrival_s: np.ndarray, finish_s: np.ndarray) -> float:
 def load_regime(backlog_slope: float, arrival_rate: float, wait_share_p50: float, util_max: float) -> str | None:
     """ "stable" / "backlogged" / "overloaded" (thresholds above); None without a backlog slope.
 
-    A NaN wait share or utilisation (live backends) is no evidence of a backlog."""
+    A NaN wait share or utilisation (live backends: no busy time; no queue time without SGLang's
+    --enable-metrics) is no evidence of a backlog."""
     if math.isnan(backlog_slope) or not arrival_rate > 0:
         return None
     if backlog_slope >= OVERLOAD_GROWTH_SHARE * arrival_rate:

@@ -51,6 +51,8 @@ def test_streams_one_event_per_token_with_the_reference_reply():
             assert metas[-1]["finish_reason"] == {"type": "length", "length": 4}
             assert all(m["prompt_tokens"] == 300 and m["id"] == "a" for m in metas)
             assert tr.output_ids == [9, 8, 7, 6] and tr.cached_tokens == 0
+            # as SGLang with --enable-metrics: its queue time (wall seconds; alone, next to nothing)
+            assert all(0 <= m["queue_time"] < 1.0 for m in metas) and tr.queue_time_s == metas[-1]["queue_time"]
             # The same prompt again: the whole prompt is cached (the simulator's convention).
             _, _, tr2, _ = await _stream(s, url, protocol.generate_body(prompt, 2))
             assert tr2.cached_tokens == 300
@@ -223,3 +225,14 @@ def test_startup_delay_and_bad_config():
         emulator_config(fault="explode")
     with pytest.raises(TypeError):
         EmulatorConfig(worker_id=0)
+
+
+def test_without_enable_metrics_no_queue_time_is_sent():
+    async def main():
+        async with emulated_workers(1, enable_metrics=False) as (w,), aiohttp.ClientSession() as s:
+            body = protocol.generate_body(np.arange(50, dtype=np.int32), 2)
+            status, events, tr, _ = await _stream(s, f"http://127.0.0.1:{w.port}", body)
+            assert status == 200 and not any("queue_time" in e["meta_info"] for e in events[:-1])
+            assert np.isnan(tr.queue_time_s)
+
+    run_async(main(), 60)

@@ -27,7 +27,8 @@ SCHED = {"schedule_policy": "lpm", "max_running_requests": 256, "max_prefill_tok
 # sglang's own parser by test_server_command_parses_with_sglangs_parser where sglang is installed).
 SGLANG_FLAGS = {"--model-path", "--host", "--port", "--radix-eviction-policy", "--max-total-tokens",
                 "--mem-fraction-static", "--schedule-policy", "--max-running-requests", "--max-prefill-tokens",
-                "--chunked-prefill-size", "--tp-size", "--random-seed", "--load-format", "--dtype"}
+                "--chunked-prefill-size", "--tp-size", "--random-seed", "--load-format", "--dtype",
+                "--enable-metrics"}
 # Flags of sglang-router 0.3.2's launch_router that we emit.
 ROUTER_FLAGS = {"--host", "--port", "--worker-urls", "--policy", "--cache-threshold", "--balance-abs-threshold",
                 "--balance-rel-threshold", "--eviction-interval-secs", "--max-tree-size", "--request-timeout-secs",
@@ -40,7 +41,7 @@ def _flags(cmd):
 
 def _server_cmd(**kw):
     args = dict(kv_cache_tokens=120_000, mem_fraction=None, tensor_parallel=2, random_seed=3, load_format="dummy",
-                dtype="bfloat16", extra_args=["--disable-overlap-schedule"])
+                dtype="bfloat16", enable_metrics=True, extra_args=["--disable-overlap-schedule"])
     args.update(kw)
     return sglang_server_command("python", "meta-llama/Llama-3.1-8B-Instruct", "127.0.0.1", 30001, "rlt", SCHED,
                                  **args)
@@ -55,6 +56,7 @@ def test_server_command():
     assert pairs["--radix-eviction-policy"] == "rlt" and pairs["--max-total-tokens"] == "120000"
     assert pairs["--tp-size"] == "2" and pairs["--chunked-prefill-size"] == "8192"
     assert "--mem-fraction-static" not in cmd and cmd[-1] == "--disable-overlap-schedule"
+    assert "--enable-metrics" in cmd and "--enable-metrics" not in _server_cmd(enable_metrics=False)
     cmd = _server_cmd(kv_cache_tokens=None, mem_fraction=0.85, tensor_parallel=1, load_format="auto", dtype="auto",
                       extra_args=[])
     assert "--max-total-tokens" not in cmd and cmd[cmd.index("--mem-fraction-static") + 1] == "0.85"
@@ -77,9 +79,10 @@ def test_server_command_parses_with_sglangs_parser():
     server_args.ServerArgs.add_cli_args(p)
     cmd = sglang_server_command("python", "m", "127.0.0.1", 30001, "lru", SCHED, kv_cache_tokens=120000,
                                 mem_fraction=None, tensor_parallel=2, random_seed=3, load_format="dummy",
-                                dtype="bfloat16")
+                                dtype="bfloat16", enable_metrics=True)
     ns = p.parse_args(cmd[3:])
     assert (ns.max_total_tokens, ns.tp_size, ns.schedule_policy, ns.chunked_prefill_size) == (120000, 2, "lpm", 8192)
+    assert ns.enable_metrics is True
 
 
 def test_sglang_router_command():
@@ -150,6 +153,7 @@ def test_plan_for_gpu_nodes(tmp_path, monkeypatch):
         [s % (2**31 - 1) for s in seeds.workers]
     assert plan.workers[0].cmd[plan.workers[0].cmd.index("--model-path") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
     assert plan.workers[1].cmd[plan.workers[1].cmd.index("--port") + 1] == "1002"
+    assert all("--enable-metrics" in w.cmd for w in plan.workers)  # queue_wait_s from meta_info.queue_time
     assert plan.router_url == "http://127.0.0.1:1003" and plan.client["send_reference_output"] is False
     assert plan.router.config["service"]["worker_urls"] == ["http://127.0.0.1:1001", "http://127.0.0.1:1002"]
     assert plan.router.config["service"]["time_scale"] == 1.0
@@ -252,6 +256,10 @@ def test_a_whole_cell_on_emulated_workers(tmp_path):
     assert not rec["failed"].any() and sorted(rec["worker"].unique()) == [0, 1]
     assert (rec["output_tokens"] == 3).all() and rec["cached_tokens"].sum() > 0
     assert res.router_stats["completed"] == 24 and res.router_stats["callbacks"] == 24
+    # backend.server.enable_metrics (default): the worker reports its queue time, latency is taken apart
+    assert rec["queue_wait_s"].notna().all() and (rec["queue_wait_s"] >= 0).all() and (rec["prefill_s"] > -1e-9).all()
+    parts = rec["queue_wait_s"] + rec["prefill_s"] + rec["decode_s"]
+    assert np.allclose(parts, rec["finish_s"] - rec["arrival_s"], rtol=0, atol=1e-9)
     assert sum(s["requests_finished"] for s in res.worker_stats) == 24
     logs = Path(plan.log_dir)
     for name in ("plan.json", "worker0.log", "worker1.log", "router.log", "worker0.json", "router.json",

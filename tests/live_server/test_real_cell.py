@@ -58,6 +58,11 @@ def test_a_whole_cell_on_real_servers(tmp_path, test_mark):
     assert evictions and all(e["policy"] == "rlt" for e in evictions)
     records = pd.read_parquet(cell / "requests.parquet")
     assert (records["output_tokens"] == 4).all() and set(records["worker"]) <= {0, 1}
+    # --enable-metrics (the default): each reply's queue time, so latency is taken apart live too
+    assert records["queue_wait_s"].notna().all() and (records["queue_wait_s"] >= 0).all()
+    parts = records["queue_wait_s"] + records["prefill_s"] + records["decode_s"]
+    assert ((parts - (records["finish_s"] - records["arrival_s"])).abs() < 1e-6).all()
+    assert 0 <= summary["wait_share_p50"] <= 1 and summary["regime"] in ("stable", "backlogged", "overloaded")
     logs = cell / "logs"
     for name in ("plan.json", "server0.log", "server1.log", "router.log", "client_report.json", "exit_codes.json"):
         assert (logs / name).is_file(), name

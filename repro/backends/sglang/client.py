@@ -21,10 +21,10 @@ Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need n
 - prompt_tokens / output_tokens / cached_tokens: the server's meta_info (prompt_tokens,
   completion_tokens, cached_tokens) of the final event.
 - decode_s = finish_s - first_token_s. The client cannot see when a request leaves its worker's
-  queue: queue_wait_s and prefill_s are NaN, unless the server reports meta_info.queue_time
-  (SGLang with --enable-metrics; neither our launch nor the emulated worker sends it): then
-  queue_wait_s = that x time_scale and prefill_s = the rest of the TTFT (which then also holds
-  the router / tokenizer hop before the scheduler's queue).
+  queue; the server reports it as meta_info.queue_time (SGLang with --enable-metrics, which our
+  launch sets by default: backend.server.enable_metrics; the emulated worker under the same
+  switch): queue_wait_s = that x time_scale and prefill_s = the rest of the TTFT (which then also
+  holds the router / tokenizer hop before the scheduler's queue). Without it both are NaN.
 - worker: the reply's `X-Repro-Worker` header (set by our router service and by the emulated
   worker; the real sglang-router passes the worker's header through), -1 when absent (real
   SGLang servers behind the real router).

@@ -25,6 +25,7 @@ def sglang_server_command(
     random_seed: int | None = None,
     load_format: str | None = None,
     dtype: str | None = None,
+    enable_metrics: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """`python -m repro.backends.sglang.server ...` with SGLang 0.5.23 server flags.
@@ -68,6 +69,8 @@ def sglang_server_command(
         cmd += ["--load-format", str(load_format)]
     if dtype and dtype != "auto":
         cmd += ["--dtype", str(dtype)]
+    if enable_metrics:  # meta_info.queue_time on every reply (protocol.py)
+        cmd.append("--enable-metrics")
     return cmd + [str(a) for a in extra_args]
 
 

@@ -36,6 +36,9 @@ class ServerSection:
     load_format: str = "auto"  # auto: model.load_format when the model sets one (tiny_llama: dummy)
     dtype: str = "auto"
     random_seed: int | None = None  # None: worker i gets the simulator's eviction seed of worker i
+    # --enable-metrics: SGLang puts its scheduler's queue time on each reply (meta_info.queue_time),
+    # which the client records as queue_wait_s (and the summary's wait shares and regime use)
+    enable_metrics: bool = True
     extra_args: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
 
@@ -287,6 +290,7 @@ class EmulatorConfig:
     startup_delay_s: float = EmulatorSection.startup_delay_s  # /health answers 503 this long (wall seconds)
     fault: Any = EmulatorSection.fault  # test hooks, see repro/backends/sglang/emulated_worker.py
     tokenizer: dict | None = None  # the cell's workload.tokenizer (for text requests); None = the default
+    enable_metrics: bool = ServerSection.enable_metrics  # as SGLang's flag: meta_info.queue_time on replies
 
     def __post_init__(self) -> None:
         if (

@@ -21,6 +21,8 @@ Choices the real server makes differently (stated so no one mistakes this for SG
 - A request whose client disconnects still runs to completion (SGLang aborts it).
 - `text` requests are tokenized with the cell's tokenizer (`tokenizer`, the workload's); `text` in replies is "".
 - Requests needing more KV than the whole cache get HTTP 400 (SGLang also refuses them).
+- With `enable_metrics` (as SGLang's --enable-metrics, the default) each event carries
+  `meta_info.queue_time`: wall seconds from its arrival here to the start of its first prefill step.
 
 time_scale: emulated seconds per wall second (10 = ten times faster than real time). Every time
 the worker reports or uses is emulated time. Wall-clock costs outside the model (HTTP hops, JSON,

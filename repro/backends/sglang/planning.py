@@ -325,6 +325,7 @@ def _emulated_workers(
             "startup_delay_s": float(emu.startup_delay_s or 0.0),
             "fault": faults.get(i, emu.fault),
             "tokenizer": tokenizer,
+            "enable_metrics": bool(b.server.enable_metrics),  # the server flag the emulator stands in for
         }
         h, port, node = where(i)
         workers.append(
@@ -385,6 +386,7 @@ def _sglang_servers(
             random_seed=int(seeds.workers[i]) % (2**31 - 1) if srv.random_seed is None else int(srv.random_seed),
             load_format=load_format,
             dtype=srv.dtype,
+            enable_metrics=bool(srv.enable_metrics),
             extra_args=[str(a) for a in hw_server["extra_args"]] + list(srv.extra_args or []),
         )
         # /health answers from the server's state instead of running a 1-token generation

@@ -18,8 +18,8 @@ Facts taken from sglang 0.5.23 (`srt/entrypoints/http_server.py`, `srt/managers/
 - `meta_info`: `id`, `finish_reason` (null until the last event, then e.g.
   `{"type": "length", "length": N}`), `prompt_tokens`, `completion_tokens`, `cached_tokens`
   (prefix tokens served from the radix cache), `queue_time` (only with the server's
-  `--enable-metrics`, on the final event: seconds from its scheduler's wait queue to its first
-  forward), plus fields we do not read.
+  `--enable-metrics`: seconds from its scheduler's wait queue to its first forward), plus fields
+  we do not read (with `--enable-metrics` also forward_entry_time, prefill_finished_time, ...).
 - Errors: HTTP 4xx/5xx with `{"error": {"message": ...}}`, or, inside a stream, an event
   `data: {"error": {"message", "type", "code", ...}}` followed by `[DONE]`.
 

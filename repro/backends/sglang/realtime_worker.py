@@ -182,6 +182,9 @@ class RealTimeWorker:
             "completion_tokens": k,
             "cached_tokens": int(self.table.cached_tokens[i]),
         }
+        start = self.table.prefill_start_s[i]
+        if self.cfg.enable_metrics and not math.isnan(start):  # SGLang's queue time: wall seconds
+            meta["queue_time"] = max(0.0, start - self.table.arrival_s[i]) / self.time_scale
         return {"text": "", "output_ids": st.output_ids[:k].tolist(), "meta_info": meta}
 
     def _emit(self, info: Any, done: list[int]) -> None:
