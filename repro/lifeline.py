@@ -26,24 +26,26 @@ _armed: list[int] = []
 
 
 def die_with_parent(ppid: int) -> None:
-    """SIGTERM when the parent dies (PR_SET_PDEATHSIG on Linux, and a watchdog thread comparing
-    getppid(), for where prctl is missing); os._exit(143) STOP_GRACE_S later if the process is still
-    there (a worker whose parent is gone has nobody else to end it). Idempotent."""
+    """One SIGTERM when the parent dies (PR_SET_PDEATHSIG on Linux; elsewhere a watchdog thread that
+    compares getppid() sends it), and os._exit(143) STOP_GRACE_S later if the process is still there
+    (a worker whose parent is gone has nobody else to end it). Idempotent."""
     if _armed:
         return
     _armed.append(ppid)
+    by_kernel = False
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            by_kernel = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) == 0  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
 
     def watch() -> None:
         while os.getppid() == ppid:
             time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if not by_kernel:  # one signal only: a second one could land inside the first one's unwinding
+            os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(STOP_GRACE_S)
         os._exit(143)
 
@@ -65,8 +67,18 @@ def mark_sweep_process() -> None:
     os.environ[SWEEP_ENV] = f"{os.getpid()}:{_start_time(os.getpid())}"
 
 
+def orphaned() -> bool:
+    """Armed, and the parent it was armed for is gone."""
+    return bool(_armed) and os.getppid() != _armed[0]
+
+
 def die_with_sweep() -> bool:
-    """In a child of the process that `mark_sweep_process` named: die with it. True if armed."""
+    """In a child of the process that `mark_sweep_process` named: die with it. True if armed.
+    A worker whose sweep is already gone ends here instead of starting its next task."""
+    if _armed:
+        if orphaned():
+            os._exit(143)
+        return True
     pid, _, started = os.environ.get(SWEEP_ENV, "").partition(":")
     if not pid.isdigit() or os.getpid() == int(pid) or os.getppid() != int(pid):
         return False
@@ -76,4 +88,4 @@ def die_with_sweep() -> bool:
     return True
 
 
-__all__ = ["SWEEP_ENV", "die_with_parent", "die_with_sweep", "mark_sweep_process"]
+__all__ = ["SWEEP_ENV", "die_with_parent", "die_with_sweep", "mark_sweep_process", "orphaned"]

@@ -15,6 +15,7 @@ taken from the project root; nothing is written in the current directory.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import hydra
@@ -23,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from repro import confutil
-from repro.lifeline import die_with_sweep, mark_sweep_process
+from repro.lifeline import die_with_sweep, mark_sweep_process, orphaned
 import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
 from repro.harness.argv import PreparedArgv, prepare_argv
 
@@ -58,13 +59,17 @@ def _run_one_cell(cfg: DictConfig) -> dict | None:
     )
     import signal
 
-    from repro.harness.cell import clear_stop, raise_stopped
+    from repro.harness.cell import Stopped, clear_stop, raise_stopped_once
 
     clear_stop()
     # scancel / kill: unwind the cell (no half-written files, lock released)
-    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    previous = signal.signal(signal.SIGTERM, raise_stopped_once)
     try:
         out = run_cell_spec(spec)
+    except Stopped:
+        if orphaned():  # a local launcher's worker whose sweep is gone: nobody takes a result or sends work
+            os._exit(143)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     log.info("cell %s %s: %s", spec.signature, out.status, out.dir)

@@ -141,6 +141,17 @@ def raise_stopped(signum: int, frame: Any = None) -> None:  # noqa: ARG001
     raise Stopped(f"signal {signum}")
 
 
+def raise_stopped_once(signum: int, frame: Any = None) -> None:
+    """raise_stopped, with SIGTERM ignored from then on: a second stop signal (PR_SET_PDEATHSIG and
+    repro.lifeline's watchdog, a repeated kill) raised inside the unwinding (partial-file cleanup,
+    lock release) would leave the cell half-cleaned. Whoever stops the process kills it if it
+    outlives their grace period."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise_stopped(signum, frame)
+
+
 def raise_interrupt(signum: int, frame: Any = None) -> None:  # noqa: ARG001
     """SIGINT handler of an in-process sweep: Python's KeyboardInterrupt, remembered."""
     _stop["signum"] = signum

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 from repro.harness.boot import BootProcess
 from repro.lifeline import die_with_parent
-from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped, run_cell_spec
+from repro.harness.cell import CellOutcome, CellSpec, Stopped, begin_sweep, end_sweep, raise_stopped_once, run_cell_spec
 from repro.results import CellStore
 from repro.results.lock import CellLock, signals_deferred
 
@@ -88,19 +88,10 @@ def _call(fn: Callable[..., Any], args: tuple) -> tuple[Any, str | None]:
         return None, traceback.format_exc()
 
 
-def _raise_stopped(signum, frame):  # noqa: ARG001
-    # One-shot: PR_SET_PDEATHSIG and the watchdog may both signal; a second Stopped raised
-    # inside the unwinding (lock release, partial-file cleanup) would leave the cell half-cleaned.
-    # (A stop a library swallows still ends the cell: raise_stopped records it; the parent kills
-    # a worker that outlives STOP_GRACE_S.)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise_stopped(signum, frame)
-
-
 def _worker_main(conn, ppid: int, tracking_event) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C that came during start-up is dropped here
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGTERM, raise_stopped_once)  # the parent kills a worker that outlives STOP_GRACE_S
     die_with_parent(ppid)
     begin_sweep(tracking_event)
     gc.set_threshold(*SWEEP_GC_THRESHOLD)  # this process exists for the sweep

@@ -96,14 +96,16 @@ def test_sigterm_stops_the_joblib_launchers_workers(tmp_path):
 def test_kill_9_of_a_joblib_sweep_ends_its_workers(tmp_path):
     """issue 34 (4, 6): after a kill -9 of a `hydra/launcher=joblib` sweep its loky workers finished
     their cells and then idled until loky's timeout (300 s; still there after 60 s). Now they die
-    with it (repro.lifeline, armed by the task function): the cells they ran are unwound."""
-    marker = uuid.uuid4().hex
-    p = start(tmp_path, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-              "backend.sleep_s=30.0", marker=marker)
-    wait_for(lambda: len(processes_with(marker)) >= 3 and len(list(tmp_path.glob("tiny_fake/*/config.yaml"))) == 2,
-             120, "both joblib workers to start a cell")
-    os.kill(p.pid, signal.SIGKILL)
-    p.communicate(timeout=120)  # the workers hold its pipes: this returns once they are gone too
-    wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
-    assert not list(tmp_path.glob("tiny_fake/*/summary.json"))  # killed mid-cell, not finished
-    no_half_written_cells(tmp_path)
+    with it (repro.lifeline, armed by the task function): the cells they ran are unwound, and
+    neither a second stop signal nor a task loky had queued leaves a cell half-written."""
+    for k in range(REPEAT):
+        results, marker = tmp_path / f"run{k}", uuid.uuid4().hex
+        p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "backend.sleep_s=30.0", marker=marker)
+        wait_for(lambda: len(processes_with(marker)) >= 3 and len(list(results.glob("tiny_fake/*/config.yaml"))) >= 2,
+                 120, "both joblib workers to start a cell")
+        os.kill(p.pid, signal.SIGKILL)
+        p.communicate(timeout=120)  # the workers hold its pipes: this returns once they are gone too
+        wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
+        assert not list(results.glob("tiny_fake/*/summary.json"))  # killed mid-cell, not finished
+        no_half_written_cells(results)
