@@ -40,6 +40,8 @@ def die_with_parent(ppid: int) -> None:
             by_kernel = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) == 0  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+    if os.getppid() != ppid:  # it died before the prctl: the kernel will not signal
+        by_kernel = False
 
     def watch() -> None:
         while os.getppid() == ppid:

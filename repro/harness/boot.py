@@ -7,7 +7,7 @@ loaded machine) before any code of ours runs: a parent killed with -9 meanwhile 
 alive until then. `BootProcess` is a spawn Process whose command line starts with `_BOOT`.
 Tested by tests/reliability/test_worker_boot.py.
 Once running, a worker is held by repro.lifeline.die_with_parent; joblib's loky workers, whose
-command line is not ours, arm it from repro.run's first statement (repro/lifeline.py).
+command line is not ours, arm it in the first statement of repro.run's task function.
 """
 
 from __future__ import annotations

@@ -30,3 +30,13 @@ def test_only_a_child_of_the_marked_process_is_armed(monkeypatch):
     assert _child(f"{os.getppid()}:{started}") == "False\n"  # a grandchild / another process
     assert _child(None) == "False\n" and _child("garbage") == "False\n"
     assert lifeline.die_with_sweep() is False  # the marked process itself
+
+
+def test_a_parent_gone_before_arming_still_gets_one_sigterm():
+    """The kernel only signals for a death after the prctl: a parent that is already gone (here: a pid
+    that never was the parent) gets the watchdog's SIGTERM, not the os._exit(143) of the grace period."""
+    import signal
+
+    code = "import time; from repro.lifeline import die_with_parent; die_with_parent(1); time.sleep(120)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
