@@ -82,7 +82,7 @@ def die_with_sweep() -> bool:
             os._exit(143)
         return True
     pid, _, started = os.environ.get(SWEEP_ENV, "").partition(":")
-    if not pid.isdigit() or os.getpid() == int(pid) or os.getppid() != int(pid):
+    if not pid.isdigit() or os.getppid() != int(pid):  # (the marked process itself is not its own child)
         return False
     if started != _start_time(int(pid)):
         return False

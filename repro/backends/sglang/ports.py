@@ -34,7 +34,8 @@ def candidate_ports() -> list[int]:
     return [p for lo, hi in PLANNED_RANGES for p in range(lo, min(hi, top) + 1)]
 
 
-def _try_hold(host: str, port: int) -> socket.socket | None:
+def try_hold(host: str, port: int) -> socket.socket | None:
+    """The port bound on host (the caller closes it), or None where it is taken."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT or held by a client counts as taken
@@ -56,7 +57,7 @@ def pick_free_ports(n: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) 
     held: list[socket.socket] = []
     try:
         for port in random.SystemRandom().sample(pool, min(len(pool), max(4 * n, 64))):
-            s = _try_hold(host, port)
+            s = try_hold(host, port)
             if s is not None:
                 held.append(s)
                 if len(held) == n:

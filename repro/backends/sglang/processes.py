@@ -320,20 +320,20 @@ def fatal_log_line(proc: Any) -> str | None:
 def check_port_free(spec: ProcessSpec) -> None:
     """ServerStartError if the port in spec's health URL is taken on its host (checked just before the start:
     a server that cannot bind may never exit, and would only fail at timeouts.server_start_s)."""
-    import socket
     from urllib.parse import urlsplit
+
+    from repro.backends.sglang.ports import try_hold
 
     parts = urlsplit(spec.health_url)
     if parts.port is None:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((parts.hostname or "127.0.0.1", parts.port))
-        except OSError as exc:
-            raise ServerStartError(
-                f"{spec.name}: port {parts.port} on {parts.hostname} is already in use ({exc}); "
-                f"not started\n  command: {shlex.join(spec.cmd)}"
-            ) from None
+    held = try_hold(parts.hostname or "127.0.0.1", parts.port)
+    if held is None:
+        raise ServerStartError(
+            f"{spec.name}: port {parts.port} on {parts.hostname} is already in use; "
+            f"not started\n  command: {shlex.join(spec.cmd)}"
+        )
+    held.close()
 
 
 def wait_healthy(
