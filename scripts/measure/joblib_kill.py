@@ -1,16 +1,19 @@
 """kill -9 a `-m hydra/launcher=joblib` sweep while both loky workers run a cell; seconds until no
 process of it is left (its workers and resource trackers), and what the cells left (issue 34).
 
-    python scripts/measure/joblib_kill.py 3      # from the repository root; 3 repeats
+    python scripts/measure/joblib_kill.py 3                   # from the repository root; 3 repeats
+    python scripts/measure/joblib_kill.py 1 submitit_local    # the same for submitit's local launcher
 """
 import os, signal, sys, time, uuid, tempfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.harness.test_harness_trust import NO_WANDB, processes_with, start, wait_for
 out = []
+launcher = sys.argv[2] if len(sys.argv) > 2 else "joblib"
+extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else ["hydra.launcher.timeout_min=5"]
 for k in range(int(sys.argv[1])):
     results, marker = Path(tempfile.mkdtemp()), uuid.uuid4().hex
-    p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+    p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, f"hydra/launcher={launcher}", *extra,
               "backend.sleep_s=30.0", marker=marker)
     wait_for(lambda: len(processes_with(marker)) >= 3 and len(list(results.glob("tiny_fake/*/config.yaml"))) >= 2,
              180, "both workers in a cell")
