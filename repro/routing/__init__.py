@@ -12,6 +12,7 @@ from repro.routing.base import Router, WorkerView
 from repro.routing.cache_aware import CacheAwareRouter
 from repro.routing.dynamo import DynamoRouter
 from repro.routing.lbgr import LBGRRouter
+from repro.routing.lbgr_shipped import LBGRShippedRouter
 from repro.routing.llmd import LLMDRouter
 from repro.routing.simple import PowerOfTwoRouter, RandomRouter, RoundRobinRouter
 
@@ -22,6 +23,7 @@ __all__ = [
     "RoundRobinRouter",
     "CacheAwareRouter",
     "LBGRRouter",
+    "LBGRShippedRouter",
     "PowerOfTwoRouter",
     "DynamoRouter",
     "LLMDRouter",
