@@ -427,3 +427,24 @@ def test_completion_inserts_the_prompt_again_so_a_trimmed_text_comes_back():
     r.on_request_abandoned(b, 0, 61.0)  # a failure inserts nothing and learns nothing
     assert _stamps(r.index)["b" * 10] == {0: 2_000} and r.models[0].p[0][0] < 1.0
     assert r.models[0].p[1][1] == P0 / LAM  # one update (a's), not two
+
+
+@pytest.mark.slow
+def test_routes_a_cell_of_emulated_sglang_workers_behind_the_router_service(tmp_path):
+    """backend=sglang: the router service builds it with build_router and routes with it (~8 s)."""
+    from hydra import compose, initialize_config_dir
+
+    from repro.backends.sglang import backend
+    from repro.metrics.summary import summarize
+    from tests.routing.conftest import CONF
+
+    over = ["backend=sglang", "backend.emulate=true", "backend.time_scale=20", "policy=lbgr_shipped_lru",
+            "workload.num_queries=48", "cluster.num_workers=2", "cluster.kv_cache_tokens=30000",
+            f"results_dir={tmp_path}", "exp_name=live_test"]
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("config", overrides=over)
+    res = backend.run_cell(cfg)
+    s = summarize(res.records)
+    assert s["num_requests"] == 48 and s["num_failed"] == 0 and 0 < s["hit_rate"] < 1
+    assert res.provenance["router_service"]["callbacks"] == 48 and res.timings["routing"]["decisions"] == 48
+    assert set(res.records["worker"]) == {0, 1}
