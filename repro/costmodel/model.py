@@ -157,6 +157,8 @@ class StepCostModel:
         self._head1 = x * (1.0 + (y / x) ** self._p) ** self._inv_p
         self._gemm_memo: dict = {}
         self._decode_memo: dict = {}
+        # hardware.speed_factor: x / 1.0 is x, so the default changes no float
+        self._speed = float(hardware.speed_factor)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -283,7 +285,7 @@ class StepCostModel:
                 self._t_floor + decode_context_tokens * self._attn_ctx + self._ar_step + decode_batch * self._ar_tok
             )
             total += self._layers * layer + head
-        return total
+        return total / self._speed
 
     def decode_step_time_s(self, decode_batch: int, decode_context_tokens: float) -> float:
         """`step_time_s(0, 0.0, decode_batch, decode_context_tokens)`, float for float, with the
@@ -299,7 +301,7 @@ class StepCostModel:
         layer = terms[0] + (
             self._t_floor + decode_context_tokens * self._attn_ctx + self._ar_step + decode_batch * self._ar_tok
         )
-        return 0.0 + (self._layers * layer + terms[1])
+        return (0.0 + (self._layers * layer + terms[1])) / self._speed
 
     def _decode_terms(self, decode_batch: int) -> tuple[float, float]:
         """step_time_s's decode terms that depend on the batch size only: (GEMMs of a layer, LM head)."""

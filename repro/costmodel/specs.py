@@ -15,6 +15,7 @@ Choices the paper leaves open (documented in the config files too):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -164,6 +165,9 @@ class HardwareSpec:
     mem_bandwidth: float  # bytes/s
     interconnect_bandwidth: float | None  # bytes/s per direction (tensor parallel only)
     allreduce_latency_s: float | None
+    # Every step time is divided by this: 1 = the datasheet scaling of the H200 fit. A probe of
+    # the one number the paper does not give (how fast its L40s really ran), not a measurement.
+    speed_factor: float = 1.0
 
     def gemm_flops(self, weight_dtype: str) -> float:
         """Peak used for weight GEMMs: FP8 tensor cores when the weights are FP8 and the card has them."""
@@ -293,6 +297,9 @@ def hardware_spec_from_config(hardware_cfg: Any) -> HardwareSpec:
     lat = _get(cfg, "allreduce_latency_s", where, default=None)
     if lat is not None:
         _positive(lat, "allreduce_latency_s", where, allow_zero=True)
+    speed = _positive(_get(cfg, "speed_factor", where, default=1.0), "speed_factor", where)
+    if not math.isfinite(speed):
+        raise CostModelConfigError(f"{where}: 'speed_factor' must be finite, got {speed!r}")
     return HardwareSpec(
         name=name,
         gpu=_get(cfg, "gpu", where, str, default=name),
@@ -302,6 +309,7 @@ def hardware_spec_from_config(hardware_cfg: Any) -> HardwareSpec:
         mem_bandwidth=float(bw) * 1e12,
         interconnect_bandwidth=None if link is None else float(link) * 1e9,
         allreduce_latency_s=None if lat is None else float(lat),
+        speed_factor=float(speed),
     )
 
 

@@ -208,7 +208,7 @@ def test_the_spaces_corners_are_valid_cells(tmp_path):
                       "kv_mode": "budget", f"kv_ktokens_{wl}": space.KV_KTOKENS[wl][0],
                       "gsp_groups": space.GSP_GROUPS[0], "gsp_sys_lo": space.GSP_SYS_LO[1],
                       "gsp_sys_span_pct": space.GSP_SYS_SPAN_PCT[1], "ca_generation": "le_0_2_3",
-                      "lbgr_gamma_pct": 99, "lbgr_decay_interval_s": 10.0}
+                      "lbgr_gamma_pct": 99, "lbgr_decay_interval_s": 10.0, "speed_pct": space.SPEED_PCT[0]}
             setting = space.suggest(FixedTrial(params), t, 256)
             assert len(runner.cells(t, setting)) == 2  # composed and deep-validated (ConfigError otherwise)
 

@@ -227,3 +227,29 @@ def test_committed_yaml_records_how_it_was_made():
         # Every coefficient is a number (a comment glued to a value would make YAML read a string).
         assert all(isinstance(v, float) for k, v in block.items() if k != "fitted_on"), block
         assert block["t_cpu_prefix_s"] >= 0.0
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.25, 2.0])
+def test_speed_factor_divides_every_step_time(model_cfgs, hardware_cfgs, factor):
+    base = StepCostModel.from_config(model_cfgs["llama31_8b"], hardware_cfgs["l40"])
+    fast = StepCostModel.from_config(model_cfgs["llama31_8b"], {**hardware_cfgs["l40"], "speed_factor": factor})
+    cases = [(1, 0.5, 0, 0), (2048, 2048 * 3072.0, 0, 0), (0, 0.0, 16, 16 * 900.0), (512, 512 * 300.0, 32, 32 * 1500.0)]
+    for args in cases:
+        assert fast.step_time_s(*args) == pytest.approx(base.step_time_s(*args) / factor, rel=1e-12)
+    for batch, ctx in [(1, 100.0), (64, 64 * 2048.0)]:
+        assert fast.decode_step_time_s(batch, ctx) == fast.step_time_s(0, 0.0, batch, ctx)
+        assert fast.decode_step_time_s(batch, ctx) == pytest.approx(base.decode_step_time_s(batch, ctx) / factor, rel=1e-12)
+
+
+def test_speed_factor_one_changes_no_float(model_cfgs, hardware_cfgs):
+    cfg = dict(hardware_cfgs["l40"])
+    cfg.pop("speed_factor", None)
+    absent = StepCostModel.from_config(model_cfgs["llama31_8b"], cfg)
+    one = StepCostModel.from_config(model_cfgs["llama31_8b"], {**cfg, "speed_factor": 1.0})
+    assert absent.step_time_s(777, 777 * 500.0, 9, 9000.0) == one.step_time_s(777, 777 * 500.0, 9, 9000.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "fast", True])
+def test_bad_speed_factor_is_rejected(model_cfgs, hardware_cfgs, bad):
+    with pytest.raises(CostModelConfigError, match="speed_factor"):
+        StepCostModel.from_config(model_cfgs["llama31_8b"], {**hardware_cfgs["l40"], "speed_factor": bad})

@@ -3,7 +3,9 @@
 Within the paper's stated ranges: workers 1-10, request rate 4-20 req/s, output tokens 4-128,
 memory fraction 50-90 %, the four benchmarks. Beyond them (the paper does not state them): an
 explicit per-worker KV budget instead of the memory formula, GSP's group count and system-prompt
-length range, LBGR's decay (gamma, Delta t) and the cache-aware router's generation. Every value is
+length range, LBGR's decay (gamma, Delta t), the cache-aware router's generation, and the GPU's
+speed (`hardware.speed_factor`, 0.5-2x the datasheet scaling: the paper does not say how fast its
+L40s ran, and our L40 step costs are the H200 fit scaled by the datasheet). Every value is
 drawn on a grid that prints exactly (rates in 0.5 req/s, fractions in %, budgets in KiTokens), so a
 setting met twice is one cell (its signature), skipped when fresh.
 """
@@ -32,6 +34,7 @@ GSP_SYS_MAX = 6144  # twice SGLang's 3072: a GSP request (+ 128 question, <= 128
 GAMMA_PCT = (10, 99)
 DECAY_INTERVAL_S = (0.01, 10.0)  # log scale, 3 significant digits
 GENERATIONS = ("le_0_2_3", "v0_3_2", "smg_1_13")
+SPEED_PCT = (50, 200, 5)  # hardware.speed_factor in %
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ def suggest(trial: Any, target: Target, num_queries: int) -> Setting:
         f"cluster.num_workers={trial.suggest_int('num_workers', *WORKERS)}",
         f"workload.request_rate={trial.suggest_int('request_rate_x2', *RATE_HALVES) / 2}",
         f"workload.output_len={trial.suggest_int('output_len', *OUTPUT_LEN, log=True)}",
+        f"hardware.speed_factor={trial.suggest_int('speed_pct', SPEED_PCT[0], SPEED_PCT[1], step=SPEED_PCT[2]) / 100}",
     ]
     if trial.suggest_categorical("kv_mode", ["budget", "memory"]) == "budget":
         common.append(
@@ -112,6 +116,7 @@ def default_params(cfgs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "num_workers": cl["num_workers"],
         "request_rate_x2": round(2 * float(wl["request_rate"])),
         "output_len": wl["output_len"],
+        "speed_pct": round(100 * float(first["hardware"].get("speed_factor", 1.0))),
     }
     if cl.get("kv_cache_tokens") is not None:
         p.update({"kv_mode": "budget", f"kv_ktokens_{wl['name']}": int(cl["kv_cache_tokens"]) // 1024})
