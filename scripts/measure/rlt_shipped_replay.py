@@ -215,19 +215,26 @@ def table(rows: dict, seeds: int) -> str:
         se = statistics.stdev(c) / len(c) ** 0.5 if len(c) > 1 else 0.0
         ph = statistics.fmean(v["phases"] for v in vals)
         lines.append(f"| {kv} | {name} | {statistics.fmean(c):,.0f} ({se:,.0f}) | {ph:.1f} |")
-    return "\n".join(lines) + f"\n\n{seeds} seeds; seed s: trace gsp_trace(s), tree seed s."
+    return "\n".join(lines) + f"\n\n{seeds} seeds; seed s: trace seed s, tree seed s."
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--kv", type=int, nargs="+", default=[1200, 2400])
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--sys-len", type=int, default=100)
+    ap.add_argument("--q-len", type=int, default=100)
     a = ap.parse_args(argv)
     rows: dict = {}
     for kv in a.kv:
         for name, cfg in POLICIES.items():
-            rows[(kv, name)] = [replay_046(OurTree(kv, cfg, s), gsp_trace(s), kv) for s in range(a.seeds)]
+            rows[(kv, name)] = [replay_046(OurTree(kv, cfg, s), trace_of(a, s), kv) for s in range(a.seeds)]
     print(table(rows, a.seeds))
+
+
+def trace_of(a, seed: int):
+    return gsp_trace(seed, groups=a.groups, sys_len=a.sys_len, q_len=a.q_len)
 
 
 if __name__ == "__main__":
