@@ -164,6 +164,8 @@ class RadixCache:
         self.eviction_log: list[bytes] | None = [] if record_evictions else None
         self.debug_on_evict: Callable[[Node, int], None] | None = None
         self.policy = eviction
+        # RLT as shipped: a match marks only the upper part of a node it splits (_touch_split)
+        self._match_marks_split_only = bool(getattr(eviction, "match_touches_split_only", False))
         eviction._attach(self)
 
     # ------------------------------------------------------------------ sizes
@@ -255,6 +257,14 @@ class RadixCache:
             node.stamp = base + node.depth
             touch(node)
 
+    def _touch_split(self, path: list, base: int, split: bool) -> None:
+        """A match's access for a policy with `match_touches_split_only` (RLT as shipped): every
+        node is stamped, only the upper part of a node the match split (`split`) is touched."""
+        for node in path:
+            node.stamp = base + node.depth
+        if split:
+            self.policy.touch(path[-1])
+
     def _stamp_split_remainder(self, lower: Node, upper: Node) -> None:
         """SGLang's node-granularity recency rule: an access that ends inside a node stamps the
         whole node before splitting it, so the unaccessed remainder below the split counts as
@@ -303,7 +313,10 @@ class RadixCache:
             return _tuple_new(MatchResult, (0, self.root))
         length = pos >> 2
         base = self.clock
-        self._touch(path, base)
+        if self._match_marks_split_only:
+            self._touch_split(path, base, child is not None)
+        else:
+            self._touch(path, base)
         self.clock = base + length
         if child is not None and self.granularity == "node":
             self._stamp_split_remainder(child, path[-1])
@@ -371,7 +384,10 @@ class RadixCache:
         if node.parent is None:
             raise ValueError("access_path on an evicted node; use a node returned by a recent match/insert")
         base = self.clock
-        self._touch(self._ancestry(node), base)
+        if self._match_marks_split_only:
+            self._touch_split(self._ancestry(node), base, False)
+        else:
+            self._touch(self._ancestry(node), base)
         self.clock = base + node.depth
         return _tuple_new(MatchResult, (node.depth, node))
 

@@ -35,7 +35,7 @@ def op_sequences(draw):
 
 
 @pytest.mark.parametrize("gran", ["token", "node"])
-@pytest.mark.parametrize("policy", ["lru", "rlt"])
+@pytest.mark.parametrize("policy", ["lru", "rlt", "rlt_shipped"])
 @FAST
 @given(ops=op_sequences(), cap=st.integers(6, 24), seed=st.integers(0, 100))
 def test_fast_verbs_equal_plain_verbs(ops, cap, policy, gran, seed):

@@ -27,6 +27,7 @@ from repro.kvcache import (
     eviction_policies,
     make_cache,
 )
+from repro.kvcache.eviction.rlt_shipped import RLTShippedEviction
 from repro.kvcache.replay import replay, replay_policy_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def toy_policy(tmp_path, monkeypatch):
 
 def test_builtin_registry_and_backends():
     reg = eviction_policies()
-    assert reg == {"lru": LRUEviction, "opt": OPTEviction, "rlt": RLTEviction}
+    assert reg == {"lru": LRUEviction, "opt": OPTEviction, "rlt": RLTEviction, "rlt_shipped": RLTShippedEviction}
     for name, cls in reg.items():
         assert cls.name == name and cls.backends <= set(EVICTION_BACKENDS)
     assert LRUEviction.backends == RLTEviction.backends == {"sim", "sglang", "theory"}
@@ -207,7 +208,7 @@ def test_a_new_policy_is_one_module_and_one_config_file(toy_policy, tmp_path):
     cfg = OmegaConf.load(conf)
 
     reg = eviction_policies()
-    assert set(reg) == {"lru", "opt", "rlt", "toy_fifo"}
+    assert set(reg) == {"lru", "opt", "rlt", "rlt_shipped", "toy_fifo"}
     toy = reg["toy_fifo"]
     assert issubclass(toy, EvictionPolicy) and toy.__module__ == module
     assert check_eviction_config(cfg, "sim") == []

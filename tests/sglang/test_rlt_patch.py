@@ -217,3 +217,156 @@ def test_flush_resets_rlt_state(sg, rlt):
     tree.cache.reset()
     assert s.marked_tokens == 0 and s.phase == 1
     assert tree.match_prefix([1, 2, 3])[0] == 0
+
+
+# ---------------------------------------------------------------- rlt_shipped (RLT as the authors shipped it)
+
+
+class ShippedSGLangTree(SGLangTree):
+    """SGLang's RadixCache under `rlt_shipped`; the mock allocator gets the pool size (the phase limit)."""
+
+    def __init__(self, sg, capacity_tokens: int, seed: int = 0):
+        from tests.sglang.sglang_driver import MockAllocator
+
+        self.sg = sg
+        self.capacity_tokens = int(capacity_tokens)
+        self.allocator = MockAllocator(sg.torch)
+        self.allocator.size = self.capacity_tokens
+        params = sg.CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=1,
+            eviction_policy="rlt_shipped",
+            eviction_policy_config={"seed": seed},
+        )
+        self.cache = sg.RadixCache(params)
+        self.root = self.cache.root_node
+
+
+def _sglang_state(tree):
+    s = tree.cache.eviction_strategy
+    out = []
+    for node in tree.iter_nodes():
+        path, n = [], node
+        while n is not tree.root:
+            path = list(n.key.token_ids) + path
+            n = n.parent
+        out.append((tuple(path), node._rlt_phase == s.phase, node.lock_ref))
+    return sorted(out), (s.resets + 1, s.marked_tokens)
+
+
+def _our_state(ours):
+    from repro.kvcache.keys import key_to_tokens
+
+    c = ours.cache
+    p = c.policy
+    nodes = sorted(
+        (tuple(key_to_tokens(c.path_key(n)).tolist()), n.mark == p.phase, n.lock_ref) for n in c.iter_nodes()
+    )
+    return nodes, (p.phases, p.marked_count)
+
+
+def _serve(tree, trace, rng, whole: bool, in_flight: int, log: list):
+    """Requests as a server makes them: match(prompt[:-1]) (a bare match now and then: a waiting
+    request looked at, not admitted), lock, evict (`whole`: the whole allocation, SGLang 0.4.6;
+    else the shortfall, 0.5.23) when short, insert, lock the inserted path, unlock the match; a
+    request stays locked while `in_flight - 1` later ones start. `log`: the state after each."""
+    locked = []
+    for t in trace:
+        if rng.random() < 0.2:
+            tree.match_prefix(tree.key_of(t))
+        m, node = tree.match_prefix(tree.key_of(t[:-1]))
+        tree.inc_lock_ref(node)
+        new = len(t) - m
+        if new > tree.free_tokens():
+            tree.evict(new if whole else new - tree.free_tokens())
+        last = None
+        if new <= tree.free_tokens():
+            last = tree.insert(tree.key_of(t))[1]
+            tree.inc_lock_ref(last)
+        tree.dec_lock_ref(node)
+        locked.append(last)
+        while len(locked) >= in_flight:
+            old = locked.pop(0)
+            if old is not None:
+                tree.dec_lock_ref(old)
+        log.append(_sglang_state(tree) if isinstance(tree, SGLangTree) else _our_state(tree))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("whole, in_flight", [(True, 1), (False, 1), (True, 3), (False, 3)])
+def test_shipped_on_sglang_equals_our_tree_draw_for_draw(sg, rlt, seed, whole, in_flight):
+    """SGLang's tree with the patch and our RadixCache with RLTShippedEviction, same seed, same
+    calls: the same nodes, marks, locks, phases and marked count after every request (so the
+    same tokens evicted by the same draws; tests/kvcache/test_rlt_shipped.py checks our tree
+    against the rules' reference)."""
+    from tests.sglang.sglang_driver import OursTree
+
+    trace = prefix_tree_trace(np.random.default_rng(300 + seed), 200, branching=3, depth=5, segment_tokens=(1, 8))
+    theirs, ours = [], []
+    _serve(ShippedSGLangTree(sg, 50, seed), trace, np.random.default_rng(seed), whole, in_flight, theirs)
+    _serve(OursTree(50, "rlt_shipped", seed), trace, np.random.default_rng(seed), whole, in_flight, ours)
+    assert theirs == ours
+    assert theirs[-1][1][0] > 5  # phases happened
+
+
+def test_shipped_registered_seeded_and_flush_restarts(sg, rlt):
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+
+    s = get_eviction_strategy("rlt_shipped", {"seed": 5})
+    assert isinstance(s, rlt.RLTShippedStrategy) and s.seed == 5
+    assert "rlt_shipped" in RADIX_EVICTION_POLICY_CHOICES
+    with pytest.raises(ValueError, match="seed"):
+        get_eviction_strategy("rlt_shipped", {"seed": 1.5})
+    trace = prefix_tree_trace(np.random.default_rng(9), 120, branching=3, depth=5, segment_tokens=(1, 8))
+    tree = ShippedSGLangTree(sg, 40, seed=3)
+    runs = []
+    for _ in range(2):  # the same calls after a flush: the same evictions
+        log: list = []
+        _serve(tree, trace, np.random.default_rng(1), True, 1, log)
+        runs.append(log)
+        tree.cache.reset()
+        tree.root = tree.cache.root_node
+    assert runs[0] == runs[1]
+    other: list = []
+    _serve(ShippedSGLangTree(sg, 40, seed=4), trace, np.random.default_rng(1), True, 1, other)
+    assert other != runs[0]
+
+
+def test_shipped_marks_and_no_fallback_on_sglang(sg, rlt):
+    tree = ShippedSGLangTree(sg, 100)
+    s = tree.cache.eviction_strategy
+    tree.insert([1, 2, 3, 4])
+    s.new_phase(tree.cache)
+    tree.match_prefix([1, 2, 3, 4])  # a full match marks nothing
+    assert s.marked_tokens == 0
+    tree.match_prefix([1, 2, 9])  # the split's upper part [1, 2] only
+    assert s.marked_tokens == 2 and _sglang_state(tree)[0] == [((1, 2), True, 0), ((1, 2, 3, 4), False, 0)]
+    _, last = tree.insert([1, 2, 3, 4])
+    tree.inc_lock_ref(last)  # the one leaf locked: nothing to evict, and no LRU fallback
+    assert tree.evict(2) == 0 and tree.total_size() == 4
+    assert s.stats()["rlt_short_evictions"] == 1
+    tree.dec_lock_ref(last)
+    assert tree.evict(1) == 1 and tree.total_size() == 3  # one token off the leaf's tail
+    assert _sglang_state(tree)[0][-1][0] == (1, 2, 3)
+
+
+def test_shipped_needs_page_size_one_and_a_pool_size(sg, rlt):
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(eviction_policy="rlt_shipped", page_size=16)
+    with pytest.raises(ValueError, match="page-size 1"):
+        rlt._radix_cache_factory(SimpleNamespace(params=params))
+    tree = ShippedSGLangTree(sg, 10)
+    del tree.allocator.size
+    with pytest.raises(ValueError, match="pool"):  # the first mark needs the limit
+        tree.insert([1, 2])
+
+
+def test_server_argv_for_rlt_shipped(sg, rlt):
+    from repro.backends.sglang.server import build_sglang_argv
+
+    argv = build_sglang_argv(["--radix-eviction-policy", "rlt_shipped", "--random-seed", "7"])
+    assert argv[-4:] == ["--radix-cache-backend", "repro_radix", "--radix-eviction-policy-config", '{"seed": 7}']

@@ -1,17 +1,21 @@
 """RLT (Randomized Leaf Token, paper Algorithm 1) inside SGLang 0.5.23's RadixCache -- a patch, not a fork.
 
+Two policies: `rlt` (our reconstruction, this docstring) and `rlt_shipped` (the authors' rules:
+`rlt_shipped_patch.py`, whose strategy and eviction these hooks call).
 `apply()` (idempotent, called at start-up by `repro.backends.sglang.server` in the server process
 and, through the `spawn` start method, in every scheduler process) does four things:
 
-1. registers `rlt` -> `RLTStrategy` in SGLang's eviction-policy name table
-   (`sglang/srt/mem_cache/utils.py: _EVICTION_POLICY_FACTORIES`) and in the CLI choices of
-   `--radix-eviction-policy`;
-2. wraps four `RadixCache` methods; each wrapper does nothing extra unless the cache's
-   `eviction_strategy` is an `RLTStrategy`, so LRU/LFU/... caches behave exactly as before:
-   * `match_prefix` / `insert`: mark every node of the accessed path (marking hook);
+1. registers `rlt` -> `RLTStrategy` and `rlt_shipped` -> `RLTShippedStrategy` in SGLang's
+   eviction-policy name table (`sglang/srt/mem_cache/utils.py: _EVICTION_POLICY_FACTORIES`)
+   and in the CLI choices of `--radix-eviction-policy`;
+2. wraps `RadixCache` methods; each wrapper does nothing extra unless the cache's
+   `eviction_strategy` is one of the two, so LRU/LFU/... caches behave exactly as before:
+   * `match_prefix` / `insert`: mark every node of the accessed path (marking hook; rlt_shipped:
+     an insert's path only, and `_match_prefix_helper` marks the upper part of a node it split);
    * `_split_node`: the new upper node inherits the split node's mark;
    * `_delete_leaf`: an evicted marked node takes its tokens out of the mark count;
-   * `evict`: the phase check, then SGLang's own heap loop (see "Eviction" below);
+   * `evict`: the phase check, then SGLang's own heap loop (see "Eviction" below; rlt_shipped:
+     its own loop);
    * `reset` (flush): marks and counters start over;
 3. registers the radix-cache backend `repro_radix` (`sglang/srt/mem_cache/registry.py`), whose
    factory builds SGLang's plain `RadixCache`. SGLang 0.5.23's *default* selection chain builds
@@ -92,11 +96,14 @@ from array import array
 
 import numpy as np
 
+from repro.backends.sglang import rlt_shipped_patch as shipped
 from repro.kvcache import RLTEviction
 
 logger = logging.getLogger(__name__)
 
 RLT_POLICY_NAME = RLTEviction.name  # the registry's name (repro.kvcache.eviction_policies()), not a copy
+RLT_SHIPPED_NAME = shipped.RLT_SHIPPED_NAME  # RLT as the authors shipped it (rlt_shipped_patch.py)
+PATCHED_POLICY_NAMES = (RLT_POLICY_NAME, RLT_SHIPPED_NAME)  # the policies this patch adds to SGLang
 RADIX_BACKEND_NAME = "repro_radix"
 
 _applied = False
@@ -203,6 +210,7 @@ def _make_strategy_class():
 
 
 RLTStrategy = None  # the class, built by apply() (it subclasses SGLang's EvictionStrategy)
+RLTShippedStrategy = None  # likewise, for rlt_shipped
 
 _MASK64 = (1 << 64) - 1
 
@@ -269,6 +277,10 @@ def _is_rlt(cache) -> bool:
     return RLTStrategy is not None and isinstance(getattr(cache, "eviction_strategy", None), RLTStrategy)
 
 
+def _is_shipped(cache) -> bool:
+    return RLTShippedStrategy is not None and isinstance(getattr(cache, "eviction_strategy", None), RLTShippedStrategy)
+
+
 def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
     RadixCache = radix_cache_mod.RadixCache
     TreeNode = radix_cache_mod.TreeNode
@@ -279,8 +291,10 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
     TreeNode._rlt_floor = 0.0
     TreeNode._rlt_floor_epoch = -1
     TreeNode._rlt_path_id = None  # _path_id's memo
+    RadixCache._rlt_split = None  # rlt_shipped: the upper node of the latest split
 
     orig_match = RadixCache.match_prefix
+    orig_match_helper = RadixCache._match_prefix_helper
     orig_insert = RadixCache.insert
     orig_split = RadixCache._split_node
     orig_delete = RadixCache._delete_leaf
@@ -294,18 +308,33 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
             self.eviction_strategy.mark_path(result.last_device_node, self.root_node)
         return result
 
+    @functools.wraps(orig_match_helper)
+    def _match_prefix_helper(self, node, key):
+        if not _is_shipped(self):
+            return orig_match_helper(self, node, key)
+        self._rlt_split = None
+        value, last = orig_match_helper(self, node, key)
+        if self._rlt_split is last:  # rlt_shipped: a match marks the upper part of a node it split
+            self.eviction_strategy.touch(self, last)
+        self._rlt_split = None
+        return value, last
+
     @functools.wraps(orig_insert)
     def insert(self, params):
         result = orig_insert(self, params)
-        if _is_rlt(self) and result.last_device_node is not None:
-            self.eviction_strategy.mark_path(result.last_device_node, self.root_node)
+        if result.last_device_node is not None:
+            if _is_rlt(self):
+                self.eviction_strategy.mark_path(result.last_device_node, self.root_node)
+            elif _is_shipped(self):
+                shipped.mark_inserted(self, self.eviction_strategy, result.last_device_node)
         return result
 
     @functools.wraps(orig_split)
     def _split_node(self, key, child, split_len):
         new_node = orig_split(self, key, child, split_len)
-        if _is_rlt(self):
+        if _is_rlt(self) or _is_shipped(self):
             new_node._rlt_phase = child._rlt_phase
+            self._rlt_split = new_node
         return new_node
 
     @functools.wraps(orig_delete)
@@ -318,6 +347,22 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
     def evict(self, params):
         if self.disable:
             return orig_evict(self, params)
+        if _is_shipped(self):
+            strategy = self.eviction_strategy
+            evicted = shipped.evict(self, strategy, params.num_tokens)
+            if evicted:
+                self._repro_evicted_total = getattr(self, "_repro_evicted_total", 0) + evicted
+                logger.info(
+                    "%s policy=%s asked=%d evicted=%d total=%d resets=%d phase=%d",
+                    EVICT_LOG_PREFIX,
+                    RLT_SHIPPED_NAME,
+                    params.num_tokens,
+                    evicted,
+                    self._repro_evicted_total,
+                    strategy.resets,
+                    strategy.phase,
+                )
+            return EvictResult(num_tokens_evicted=evicted)
         if not _is_rlt(self):
             result = orig_evict(self, params)
             if getattr(self, "_repro_log_evictions", False) and result.num_tokens_evicted:
@@ -367,11 +412,12 @@ def _patch_radix_cache(radix_cache_mod, base_prefix_cache_mod) -> None:
     def reset(self):
         orig_reset(self)
         self._repro_evicted_total = 0  # the evidence line counts since the start or the last flush
-        if _is_rlt(self):
+        if _is_rlt(self) or _is_shipped(self):
             self.eviction_strategy.clear()
 
     for name, fn in (
         ("match_prefix", match_prefix),
+        ("_match_prefix_helper", _match_prefix_helper),
         ("insert", insert),
         ("_split_node", _split_node),
         ("_delete_leaf", _delete_leaf),
@@ -386,6 +432,10 @@ def _radix_cache_factory(ctx):
     """`--radix-cache-backend repro_radix`: SGLang's plain RadixCache (where the RLT hooks live)."""
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
+    if str(ctx.params.eviction_policy).lower() == RLT_SHIPPED_NAME and ctx.params.page_size != 1:
+        raise ValueError(
+            f"--radix-eviction-policy {RLT_SHIPPED_NAME} evicts one token per draw: it needs --page-size 1"
+        )
     cache = RadixCache(ctx.params)
     cache._repro_log_evictions = True  # the evidence line, for every policy on this backend
     return cache
@@ -393,17 +443,21 @@ def _radix_cache_factory(ctx):
 
 def apply() -> None:
     """Patch SGLang in this process (idempotent). Call before SGLang builds its caches."""
-    global _applied, RLTStrategy
+    global _applied, RLTStrategy, RLTShippedStrategy
     if _applied:
         return
     choices, base_prefix_cache, _evict_policy, radix_cache, registry, utils = _sglang()
     if RLTStrategy is None:
         RLTStrategy = _make_strategy_class()
+    if RLTShippedStrategy is None:
+        RLTShippedStrategy = shipped.make_strategy_class(_strategy_base())
     if not getattr(radix_cache.RadixCache.match_prefix, "__repro_rlt_patch__", False):
         _patch_radix_cache(radix_cache, base_prefix_cache)
     utils._EVICTION_POLICY_FACTORIES.setdefault(RLT_POLICY_NAME, RLTStrategy)
-    if RLT_POLICY_NAME not in choices.RADIX_EVICTION_POLICY_CHOICES:
-        choices.add_radix_eviction_policy_choices([RLT_POLICY_NAME])
+    utils._EVICTION_POLICY_FACTORIES.setdefault(RLT_SHIPPED_NAME, RLTShippedStrategy)
+    for name in PATCHED_POLICY_NAMES:
+        if name not in choices.RADIX_EVICTION_POLICY_CHOICES:
+            choices.add_radix_eviction_policy_choices([name])
     if registry.get_radix_cache_factory(RADIX_BACKEND_NAME) is None:
         registry.register_radix_cache_backend(RADIX_BACKEND_NAME, _radix_cache_factory)
     _applied = True
@@ -421,8 +475,8 @@ def patch_state() -> dict:
 
     return {
         "pid": os.getpid(),
-        "rlt_in_name_table": RLT_POLICY_NAME in utils._EVICTION_POLICY_FACTORIES,
-        "rlt_in_cli_choices": RLT_POLICY_NAME in choices.RADIX_EVICTION_POLICY_CHOICES,
+        "rlt_in_name_table": all(n in utils._EVICTION_POLICY_FACTORIES for n in PATCHED_POLICY_NAMES),
+        "rlt_in_cli_choices": all(n in choices.RADIX_EVICTION_POLICY_CHOICES for n in PATCHED_POLICY_NAMES),
         "radix_backend_registered": registry.get_radix_cache_factory(RADIX_BACKEND_NAME) is not None,
         "radix_cache_hooked": bool(getattr(radix_cache.RadixCache.match_prefix, "__repro_rlt_patch__", False)),
     }

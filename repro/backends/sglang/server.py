@@ -12,7 +12,7 @@ so every scheduler process is patched before it builds its radix cache. `sglang 
 console script) does not go through this module and gets no patch.
 
 Argument handling (everything else is passed to SGLang unchanged):
-* `--radix-eviction-policy rlt` adds `--radix-cache-backend repro_radix` (SGLang's plain
+* `--radix-eviction-policy rlt` (or `rlt_shipped`) adds `--radix-cache-backend repro_radix` (SGLang's plain
   RadixCache, where the RLT hooks live; 0.5.23's default chain would build UnifiedRadixCache).
   Another explicit `--radix-cache-backend`, or `--disable-radix-cache`, is an error.
 * Without `--radix-eviction-policy-config`, `--random-seed S` seeds RLT (`{"seed": S}`);
@@ -84,13 +84,13 @@ def build_sglang_argv(argv: list[str]) -> list[str]:
     policy = _flag_value(argv, "--radix-eviction-policy")
     backend = _flag_value(argv, "--radix-cache-backend")
     if backend == SGLANG_DEFAULT_BACKEND:
-        if policy is not None and policy.lower() == rlt_patch.RLT_POLICY_NAME:
+        if policy is not None and policy.lower() in rlt_patch.PATCHED_POLICY_NAMES:
             raise SystemExit(
                 f"error: --radix-cache-backend {SGLANG_DEFAULT_BACKEND} builds UnifiedRadixCache, "
                 f"which RLT's hooks do not reach"
             )
         return _drop_flag(argv, "--radix-cache-backend")  # SGLang's own selection chain
-    if policy is None or policy.lower() != rlt_patch.RLT_POLICY_NAME:
+    if policy is None or policy.lower() not in rlt_patch.PATCHED_POLICY_NAMES:
         if "--disable-radix-cache" not in argv and backend is None:
             argv += ["--radix-cache-backend", rlt_patch.RADIX_BACKEND_NAME]  # the same tree as RLT's
         return argv

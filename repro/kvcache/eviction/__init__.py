@@ -26,6 +26,7 @@ from repro.kvcache.eviction.base import EVICTION_BACKENDS, EvictionPolicy
 from repro.kvcache.eviction.lru import LRUEviction
 from repro.kvcache.eviction.opt import OPTEviction
 from repro.kvcache.eviction.rlt import RLTEviction
+from repro.kvcache.eviction.rlt_shipped import RLTShippedEviction
 from repro.kvcache.radix_cache import GRANULARITIES, RadixCache
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +38,7 @@ __all__ = [
     "LRUEviction",
     "OPTEviction",
     "RLTEviction",
+    "RLTShippedEviction",
     "check_eviction_config",
     "constructor_params",
     "eviction_policies",
