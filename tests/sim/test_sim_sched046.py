@@ -220,3 +220,101 @@ def test_a_full_running_batch_stops_even_the_chunked_request():
     )
     assert _decide(st, **V046).chunk_continue == 0
     assert _decide(st, **D.EXACT).chunk_continue == 32
+
+
+# ------------------------------------------------------------------ a reference of the 0.4.6 pass (fcfs)
+def _prefixes(seq):
+    return {tuple(seq[:k]) for k in range(1, len(seq) + 1)}
+
+
+def _match(trie, seq):
+    m = 0
+    while m < len(seq) and tuple(seq[: m + 1]) in trie:
+        m += 1
+    return m
+
+
+def _reference_046(st, ratio):
+    """0.4.6's get_new_batch_prefill + PrefillAdder under fcfs, restated over sets of prefixes (the
+    tree: every prefix of what is cached; locked: every prefix of what a request holds), plus the
+    simulator's full output reservation ("physical"). Returns (admitted, chunk_continue, new_chunked)."""
+    trie = set()
+    for seq in list(st.cached) + [p for p, _, _ in st.running]:
+        trie |= _prefixes(seq)
+    locked = set()
+    for p, _, _ in st.running:
+        locked |= _prefixes(p)
+    if st.chunked is not None:
+        trie |= _prefixes(st.chunked[0][: st.chunked[2]])
+        locked |= _prefixes(st.chunked[0][: st.chunked[2]])
+    total = len(trie)
+    avail = st.capacity - total - sum(g for _, _, g in st.running)
+    reserved = sum(o for _, o, _ in st.running) + (st.chunked[1] if st.chunked else 0)
+    offset = sum([min(o - g, 4096) * ratio for _, o, g in st.running])
+    cur = 0
+    chunk = st.chunked_prefill_size if st.chunked_prefill_size and st.chunked_prefill_size > 0 else None
+    if not st.waiting and st.chunked is None:
+        return [], None, None
+    if len(st.running) >= st.max_running_requests:
+        return [], (0 if st.chunked else None), None
+    rem_input, rem_chunk = st.max_prefill_tokens, chunk
+    n_run, phys, chunk_continue = 0, 0, None
+    if st.chunked is not None:
+        p, o, done = st.chunked
+        n = len(p) - done if chunk is None else min(len(p) - done, rem_chunk)
+        offset += n + (min(o, 4096) if n == len(p) - done else 0)
+        cur += n
+        rem_input -= n
+        rem_chunk = None if chunk is None else rem_chunk - n
+        n_run, phys, chunk_continue = 1, n, n
+    admitted, new_chunked = [], None
+    if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+        return admitted, chunk_continue, new_chunked
+    for i, (p, o) in enumerate(st.waiting):
+        if len(st.running) + n_run >= st.max_running_requests:
+            break
+        m = _match(trie, p[:-1])
+        extend = len(p) - m
+        need = extend + min(o, 4096)
+        if need >= avail + total - len(locked) - offset:
+            break
+        if n_run and extend > rem_input:
+            break
+        now_locked = locked | _prefixes(p[:m])
+        room = avail + total - len(now_locked)
+        if need > room - offset:
+            break
+        full = _match(trie, p)
+        new = len(p) - full if full < len(p) else 1
+        alloc = new if rem_chunk is None else min(new, rem_chunk)
+        if phys + alloc + o > st.capacity - total - reserved + total - len(now_locked):
+            break  # the simulator's full output reservation
+        phys += alloc + o  # the pass's KV: its new tokens and reserved outputs
+        locked = now_locked
+        n = extend if rem_chunk is None or extend <= rem_chunk else rem_chunk
+        offset += need if n == extend else n
+        cur += n
+        rem_input -= n
+        admitted.append((i, m, n))
+        n_run += 1
+        if n < extend:
+            new_chunked = i
+            break
+        rem_chunk = None if rem_chunk is None else rem_chunk - n
+        if room - offset <= 0 or room - cur <= 0 or rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+            break
+    return admitted, chunk_continue, new_chunked
+
+
+def test_the_0_4_6_pass_agrees_with_a_reference_on_generated_fcfs_states():
+    kinds = set()
+    for seed in range(400):
+        st = D.random_state(np.random.default_rng(10_000 + seed))
+        st.policy = "fcfs"
+        ratio = (1.0, 0.7, 0.098)[seed % 3]
+        d = _decide(st, ratio=ratio, **V046)
+        admitted, chunk_continue, new_chunked = _reference_046(st, ratio)
+        assert (d.admitted, d.chunk_continue, d.new_chunked) == (admitted, chunk_continue, new_chunked), seed
+        assert d.order == list(range(len(st.waiting)))
+        kinds.add((bool(admitted), new_chunked is not None, chunk_continue is not None))
+    assert len(kinds) >= 5  # admissions, refusals, chunks continued and new ones all occur
