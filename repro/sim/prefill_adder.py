@@ -159,7 +159,7 @@ class PrefillAdder:
                 attn += n * (c0 + n / 2)
                 rem_chunk -= n
                 rem_input -= n
-                if n < n_total or self.stop_now:  # became the chunked request: the chunk budget is spent
+                if n < n_total or self.stop_now:  # became the chunked request, or (0.4.6) the room is spent
                     break
             if admitted:
                 self.commit(admitted)
