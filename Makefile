@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_DEFAULT = -m "not slow and not slurm and not sglang and not sglang_server and not gpu and not router_binary and not reliability and not live_heavy"
 
-.PHONY: help install lint test test-all test-slow test-reliability test-live-heavy test-sglang test-sglang-server test-slurm bench figures figures-render inverse-search results-status sglang-env sglang-server-env router-env test-router-binary clean
+.PHONY: help install lint test test-all test-slow test-reliability test-live-heavy test-sglang test-sglang-server test-slurm bench figures figures-render inverse-search results-status sglang-env sglang046-env sglang-server-env router-env test-router-binary clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,9 +35,12 @@ test-slow:  ## the slow checks only
 sglang-env:  ## build the CPU SGLang environment (.venv-sglang): parity tests, the SGLang benchmark and the real CPU server
 	bash scripts/make_sglang_env.sh
 
+sglang046-env: sglang-env  ## SGLang 0.4.6 (the authors' version) beside it, for the 0.4.6 scheduler parity test (.venv-sglang046, one wheel)
+	bash scripts/make_sglang046_env.sh
+
 sglang-server-env: sglang-env  ## the same venv: it carries the real HTTP server's extras too (scripts/sglang_env/server.lock)
 
-test-sglang: sglang-env  ## tests against SGLang's real RadixCache (CPU)
+test-sglang: sglang-env sglang046-env  ## tests against SGLang's real RadixCache and schedulers, 0.5.23 and 0.4.6 (CPU)
 	.venv-sglang/bin/python -m pytest -m sglang tests/sglang tests/live
 
 test-sglang-server: sglang-server-env router-env  ## the live path against real SGLang servers on this CPU (tiny Llama; ~2.7 GB a server)

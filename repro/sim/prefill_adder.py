@@ -46,7 +46,7 @@ def match_lock_insert(w: "SimWorker", i: int, p: int) -> bool:
         if unsure and need > free + cache.evictable_size():
             cache.dec_lock_ref(matched_node)
             return False
-        w.evict(need - free)
+        w.evict(need if w.config.evict_request == "whole" else need - free)
         free = w.capacity - cache.total_size() - w.reserved_tokens
         if need > free:  # the kvcache broke its evict contract
             raise RuntimeError(f"worker {w.worker_id}: after evict() {free} tokens are free, {need} needed")
@@ -66,7 +66,9 @@ class PrefillAdder:
 
     def __init__(self, worker: "SimWorker", config: SchedulerConfig):
         self.w = worker
-        self.max_running = config.max_running_requests
+        self.max_running = config.running_limit(worker.capacity)
+        self.stop_now = False  # set by an admit that leaves SGLang's budget spent (0.4.6's budget_state)
+        self.evict_whole = config.evict_request == "whole"
         self.max_prefill_tokens = config.max_prefill_tokens
         self.chunk_limit = config.chunk_limit
         # rank at every pass SGLang ranks (its queue order and recency depend on it)
@@ -88,6 +90,9 @@ class PrefillAdder:
 
     def continue_chunk_alone(self) -> None:
         """A pass with only the chunked request's next chunk."""
+
+    def idle(self) -> None:
+        """The worker found nothing to run (SGLang 0.4.6 resets its new_token_ratio then)."""
 
     # --- the pass
     def form_prefill_batch(self) -> PrefillPass:
@@ -154,7 +159,7 @@ class PrefillAdder:
                 attn += n * (c0 + n / 2)
                 rem_chunk -= n
                 rem_input -= n
-                if n < n_total:  # became the chunked request: the chunk budget is spent
+                if n < n_total or self.stop_now:  # became the chunked request, or (0.4.6) the room is spent
                     break
             if admitted:
                 self.commit(admitted)
@@ -178,7 +183,7 @@ class SglangPrefillAdder(PrefillAdder):
         self.insertion = worker.chunk_insertion
         self.budget_per_request = self.chunk_limit == NO_CHUNK_LIMIT
         self._access_path = getattr(worker.cache, "access_path", None)  # RadixCache's walk-free verb
-        self.extra = 0  # SGLang's pass reservations beyond what our tree and reservations hold
+        self.extra: float = 0  # SGLang's pass reservations beyond what our tree and reservations hold
         self.pass_phys = 0  # KV the prefill batch being formed will allocate
 
     def form_prefill_batch(self) -> PrefillPass:
@@ -235,7 +240,7 @@ class SglangPrefillAdder(PrefillAdder):
         phys = self.pass_phys
         free = w.capacity - cache.total_size() - w.reserved_tokens
         if phys > free:
-            w.evict(phys - free)
+            w.evict(phys if self.evict_whole else phys - free)
             free = w.capacity - cache.total_size() - w.reserved_tokens
             if phys > free:  # the kvcache broke its evict contract, or a chunk found no room
                 raise RuntimeError(f"worker {w.worker_id}: after evict() {free} tokens are free, {phys} needed")
@@ -247,4 +252,8 @@ class SglangPrefillAdder(PrefillAdder):
 
 
 def make_prefill_adder(worker: "SimWorker", config: SchedulerConfig) -> PrefillAdder:
+    if config.prefill_adder == "sglang_0_4_6":
+        from repro.sim.prefill_adder_046 import Sglang046PrefillAdder
+
+        return Sglang046PrefillAdder(worker, config)
     return SglangPrefillAdder(worker, config) if config.exact_budgets else PrefillAdder(worker, config)

@@ -132,7 +132,7 @@ class SimWorker:
 
     @property
     def max_running(self) -> int:
-        return self.config.max_running_requests
+        return self.prefill_adder.max_running  # max_running_requests: null is sized from the KV pool
 
     @property
     def max_prefill_tokens(self) -> int:
@@ -228,6 +228,7 @@ class SimWorker:
             decode_batch, context = self.n_running, self.context_tokens
             dur = self._decode_time_s(decode_batch, context)
         else:
+            self.prefill_adder.idle()
             return -1.0
         if not 0.0 <= dur < _INF:
             raise ValueError(

@@ -278,7 +278,9 @@ def _restore(w, running, chunked) -> None:
 EXACT = dict(in_batch_prefix_caching=True, lpm_rank_access="match", exact_budgets=True, chunk_insertion="per_chunk")
 
 
-def ours_decide(state: SchedState, **modes) -> Decision:
+def ours_decide(state: SchedState, before_pass=None, **modes) -> Decision:
+    """`before_pass(worker)`: called on the restored worker just before its pass (the 0.4.6 driver
+    sets the adder's new_token_ratio and running batch there)."""
     from repro.kvcache import make_cache
     from repro.sim.worker import RequestTable, SchedulerConfig, SimWorker
     from tests.sim.sim_fakes import make_request
@@ -311,6 +313,8 @@ def ours_decide(state: SchedState, **modes) -> Decision:
         w.enqueue(base + j)
     w.last_ranked = None
     held = (int(cache.total_size()), int(cache.evictable_size()))
+    if before_pass is not None:
+        before_pass(w)
     batch, admitted, _, _ = w.prefill_adder.form_prefill_batch()
     if w.last_ranked is None:  # not ranked this pass: SGLang's queue keeps its order
         w.last_ranked = list(w.waiting) if w.prefill_adder.rank_every_pass or not w.waiting else w.schedule_policy.ranked()
