@@ -67,6 +67,12 @@ def test_server_command():
 
 
 @pytest.mark.sglang
+def test_server_command_leaves_an_unsized_running_limit_to_the_server():
+    # the SGLang 0.4.6 preset's max_running_requests: null = sized from the pool, as the server does
+    cmd = sglang_server_command("p", "m", "h", 1, "lru", {**SCHED, "max_running_requests": None})
+    assert "--max-running-requests" not in cmd
+
+
 def test_server_command_parses_with_sglangs_parser():
     try:  # the CPU SGLang environment imports sglang through these shims
         from repro.backends.sglang import cpu_shims

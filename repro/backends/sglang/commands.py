@@ -54,7 +54,7 @@ def sglang_server_command(
     sched = dict(scheduler or {})
     if "schedule_policy" in sched:
         cmd += ["--schedule-policy", str(sched["schedule_policy"])]
-    if "max_running_requests" in sched:
+    if sched.get("max_running_requests") is not None:  # None: the server sizes it from its pool
         cmd += ["--max-running-requests", str(int(sched["max_running_requests"]))]
     if "max_prefill_tokens" in sched:
         cmd += ["--max-prefill-tokens", str(int(sched["max_prefill_tokens"]))]
