@@ -66,13 +66,14 @@ def test_server_command():
     assert off[off.index("--chunked-prefill-size") + 1] == "-1"  # SGLang: -1 disables chunking
 
 
-@pytest.mark.sglang
 def test_server_command_leaves_an_unsized_running_limit_to_the_server():
     # the SGLang 0.4.6 preset's max_running_requests: null = sized from the pool, as the server does
-    cmd = sglang_server_command("p", "m", "h", 1, "lru", {**SCHED, "max_running_requests": None})
+    cmd = sglang_server_command("p", "m", "h", 1, "lru", {**SCHED, "max_running_requests": None},
+                                kv_cache_tokens=None, mem_fraction=0.88)
     assert "--max-running-requests" not in cmd
 
 
+@pytest.mark.sglang
 def test_server_command_parses_with_sglangs_parser():
     try:  # the CPU SGLang environment imports sglang through these shims
         from repro.backends.sglang import cpu_shims
