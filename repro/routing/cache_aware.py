@@ -53,8 +53,10 @@ the total is <= max_tree_size. Stamps and epochs are 0.3.2's. `last_branch` adds
 `last_ties` holds the tied workers of the last random choice (() when none was random).
 
 Generation `le_0_1_4` (sglang-router 0.1.4, the router of sglang 0.4.6 the paper's authors built
-and ran; docs/ALGORITHMS.md §3; `approx_tree_014`): steps 1-2 as above (counted down only when
-the reply passes the router: an abandoned request's count stays); no imbalance -> match; a hit
+and ran; docs/ALGORITHMS.md §3; `approx_tree_014`): steps 1-2 as above, except that the
+authors' build counts a request down only on a successful reply or a stream's `[DONE]` (an
+abandoned request's count stays here too; the wheel also counts down a non-streamed error
+reply); no imbalance -> match; a hit
 goes to the first tenant of the stopping node in that node's hash order (`HashOrderTree`), a low
 match (or an empty key: 0/0 is NaN) to the smallest tree, its ties to the first in `size_order`
 (the size map's hash order), the imbalanced branch's to the first in `order` (the load map's;
