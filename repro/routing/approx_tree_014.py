@@ -55,7 +55,7 @@ class HashOrderTree(ApproximateTree):
         return min(tenants, key=lambda t: hash((salt, t)))
 
     # ------------------------------------------------------------------ updates
-    def insert(self, key: Key, tenant: int, now_ms: int = 0) -> None:  # type: ignore[override]
+    def insert(self, key: Key, tenant: int, now_ms: int = 0) -> None:
         self._last_walk = None
         u = self.unit
         node = self.root
@@ -95,7 +95,7 @@ class HashOrderTree(ApproximateTree):
         node.children[first] = upper
         return upper
 
-    def prefix_match(self, key: Key, now_ms: int = 0) -> tuple[int, int | None]:  # type: ignore[override]
+    def prefix_match(self, key: Key, now_ms: int = 0) -> tuple[int, int | None]:
         """(matched units, first tenant of the node where matching stopped, in its hash order);
         stamps that tenant there and on every ancestor. A node without tenants: (matched, None)."""
         matched, node = self.walk(key)

@@ -73,7 +73,7 @@ the real router has no random tie-break, its ties follow the registry order. The
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
@@ -267,13 +267,13 @@ class CacheAwareRouter(Router):
         if (max_load - min_load > self.balance_abs_threshold) and (_f32(max_load) > _f32(min_load) * self._rel32):
             self.last_branch = "imbalanced"
             return self._least_loaded()
-        tree = self.tree
-        matched, tenant = tree.prefix_match(key, now_ms)  # type: ignore[call-arg]
+        tree = cast(HashOrderTree, self.tree)
+        matched, tenant = tree.prefix_match(key, now_ms)
         # an empty key: 0 / 0 is NaN in the real router, never above the threshold
         if tenant is not None and key and self._rate_above(matched, len(key)):
             self.last_branch = "hit"
             return tenant
-        worker = tree.smallest_tenant(self.size_order)  # type: ignore[attr-defined]
+        worker = tree.smallest_tenant(self.size_order)
         sizes = tree.tenant_size
         tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
         self.last_branch = "low_match_tied" if tied else "low_match_untied"
@@ -317,7 +317,7 @@ class CacheAwareRouter(Router):
     def commit(self, key: str, worker: int) -> None:
         """The routed request: insert its key for `worker` (on every branch) and count it."""
         if self.v014:
-            self.tree.insert(key, worker, self._now_ms)  # type: ignore[call-arg]
+            cast(HashOrderTree, self.tree).insert(key, worker, self._now_ms)
         else:
             self.tree.insert(key, worker)
         self.loads[worker] += 1

@@ -28,6 +28,7 @@ import asyncio
 import random
 import re
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import pytest
@@ -92,8 +93,11 @@ def map_reports(log: str, url_to_id: dict[str, int]) -> list[MapReport]:
             for u, c in processed.items():
                 done[url_to_id[u]] = int(c)
             by_id = dict(sizes_done)
-            reports.append(MapReport([w for w, _ in sizes_done], [by_id[w] for w in range(n)],
-                                     [w for w, _ in entries], loads, done))
+            reports.append(
+                MapReport(
+                    [w for w, _ in sizes_done], [by_id[w] for w in range(n)], [w for w, _ in entries], loads, done
+                )
+            )
             processed = None
     return reports
 
@@ -116,8 +120,9 @@ class ReversedHashOrder(CacheAwareRouter):
         super().reset(workers, seed)
         tree = self.tree
         default = tree.first_tenant
-        tree.first_tenant = lambda node: (max(node.tenants, key=lambda t: (t != default(node), t))
-                                          if node.tenants else None)
+        tree.first_tenant = lambda node: (
+            max(node.tenants, key=lambda t: (t != default(node), t)) if node.tenants else None
+        )
 
 
 VARIANTS = {
@@ -204,14 +209,17 @@ class Pair014:
 
 
 def finish(name: str, pair: Pair014, branches: set[str], must_differ=("v0_3_2_rule", "text_routing")) -> None:
-    line = (f"{name}: {pair.decisions} decisions, step-by-step {pair.step_agree}/{pair.decisions}, closed-loop "
-            f"{pair.closed_agree}/{pair.decisions}, branches {dict(sorted(pair.branches.items()))}, "
-            f"variants differing {pair.differs}")
+    line = (
+        f"{name}: {pair.decisions} decisions, step-by-step {pair.step_agree}/{pair.decisions}, closed-loop "
+        f"{pair.closed_agree}/{pair.decisions}, branches {dict(sorted(pair.branches.items()))}, "
+        f"variants differing {pair.differs}"
+    )
     REPORT.append(line)
     print(line)
     assert pair.decisions >= 100
     assert pair.step_agree == pair.decisions and pair.closed_agree == pair.decisions, (
-        f"{line}; first disagreements (k, branch, real, step, closed): {pair.disagreements[:5]}")
+        f"{line}; first disagreements (k, branch, real, step, closed): {pair.disagreements[:5]}"
+    )
     assert set(pair.branches) == branches, f"{name}: branches {pair.branches}, meant {branches}"
     assert pair.differs["reversed_hash_order"] == 0
     for name_ in must_differ:
@@ -335,3 +343,110 @@ def test_threshold_and_repeats_never_hit(tmp_path):
 
 def teardown_module(module):
     print("\n".join(["", "router-binary agreement (sglang-router 0.1.4):", *REPORT]))
+
+
+# ------------------------------------------------------------------------------- the live path
+def cell_cfg_014(m: int = 2, **router) -> dict:
+    from tests.live.live_helpers import hardware_cfg, load_yaml, model_cfg
+
+    return {
+        "seed": 0,
+        "model": model_cfg(),
+        "hardware": hardware_cfg(),
+        "cluster": {
+            "num_workers": m,
+            "mem_fraction": 0.9,
+            "kv_cache_tokens": None,
+            "scheduler": {
+                "schedule_policy": "lpm",
+                "max_running_requests": 256,
+                "max_prefill_tokens": 16384,
+                "chunked_prefill_size": 8192,
+            },
+        },
+        "router": {**load_yaml("router/cache_aware_014.yaml"), "match_on": "none", **router},
+        "eviction": {"name": "lru", "granularity": "node"},
+        "backend": {
+            "name": "sglang",
+            "emulate": True,
+            "time_scale": 20.0,
+            "router_impl": "sglang_router",
+            "sglang_router": {"python_014": str(PY), "extra_args": []},
+            "timeouts": {
+                "server_start_s": 60,
+                "router_start_s": 60,
+                "request_s": 30,
+                "cell_s": 300,
+                "shutdown_grace_s": 5,
+            },
+        },
+    }
+
+
+def test_live_plan_launches_the_014_wheel_with_its_flags(tmp_path):
+    """backend=sglang router_impl=sglang_router with generation le_0_1_4: the 0.1.4 venv's
+    interpreter, 0.1.4's flags (parsed by the wheel's own launcher), /health as readiness; a
+    routing key the wheel does not route on is refused before anything starts."""
+    import subprocess
+
+    from repro.backends.assembly import SeedPlan
+    from repro.backends.sglang import backend, orchestrate
+    from repro.backends.sglang.errors import OrchestrationError
+    from tests.live.live_helpers import need_parts
+
+    need_parts()
+    m = 2
+    cfg = cell_cfg_014(m)
+    assert backend.validate_cell(cfg) == []
+    plan = orchestrate.plan_cell(cfg, [200_000] * m, SeedPlan.spawn(0, m), tmp_path / "logs")
+    cmd = plan.router.cmd
+    assert cmd[:3] == [str(PY), "-m", "sglang_router.launch_router"] and plan.router.health_url.endswith("/health")
+    code = (
+        "import sys\nfrom sglang_router.launch_router import parse_router_args\n"
+        "a = parse_router_args(sys.argv[1:])\n"
+        "print(a.policy, a.cache_threshold, a.balance_abs_threshold, a.balance_rel_threshold, "
+        "a.eviction_interval, a.max_tree_size, len(a.worker_urls))\n"
+    )
+    out = subprocess.run([str(PY), "-c", code, *cmd[3:]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cache_aware", "0.5", "32", "1.0001", "60", str(2**24), str(m)]
+    for bad, fragment in (({"match_on": "auto"}, "match_on"), ({"eviction_interval_secs": 0}, "whole number")):
+        assert any(fragment in e for e in backend.validate_cell(cell_cfg_014(m, **bad)))
+    with pytest.raises(OrchestrationError, match="match_on=none"):
+        orchestrate.sglang_router_command(
+            str(PY),
+            "h",
+            1,
+            ["http://h:2"],
+            cell_cfg_014(m, match_on="text")["router"],
+            request_timeout_s=1,
+            worker_startup_timeout_s=1,
+            prometheus_port=3,
+        )
+
+
+def test_emulated_cell_through_the_014_wheel(tmp_path):
+    """A whole cell through run_plan with the real 0.1.4 router in front of emulated workers:
+    every request served; with no imbalance (at most 32 in flight apart) every one goes to one
+    worker, the first of the binary's size map, as le_0_1_4 with match_on none decides."""
+    from repro.backends.assembly import SeedPlan
+    from repro.backends.sglang import orchestrate
+    from tests.live.live_helpers import need_parts
+
+    need_parts()
+    m = 2
+    reqs = gsp(21, "random", n_groups=3, per_group=8)
+    cfg = cell_cfg_014(m, eviction_interval_secs=1)  # a trim report (its map orders) every second
+    plan = orchestrate.plan_cell(cfg, [200_000] * m, SeedPlan.spawn(0, m), tmp_path / "logs")
+    res = orchestrate.run_plan(plan, reqs)
+    rec = res.records.set_index("id")
+    assert not rec["failed"].any() and len(rec) == len(reqs)
+    served = {s["worker_id"]: s["requests_finished"] for s in res.worker_stats}
+    assert sum(served.values()) == len(reqs)
+    log = (Path(plan.log_dir) / "router.log").read_text(errors="replace")
+    urls = plan.worker_urls
+    reports = map_reports(log, {u: i for i, u in enumerate(urls)})
+    assert reports, "the router printed no trim report"
+    first = reports[0].size_order[0]
+    assert served == {w: (len(reqs) if w == first else 0) for w in range(m)}, (served, reports[0])
+    assert "panicked" not in log

@@ -117,9 +117,15 @@ op = st.one_of(
 def test_le_0_1_4_equals_reference(m, perm_seed, ops, threshold, abs_thr, rel_thr):
     rng = random.Random(perm_seed)
     queue_order, size_order = rng.sample(range(m), m), rng.sample(range(m), m)
-    fast = CacheAwareRouter(match_on="text", cache_threshold=threshold, balance_abs_threshold=abs_thr,
-                            balance_rel_threshold=rel_thr, eviction_interval_secs=0, generation="le_0_1_4",
-                            worker_order=queue_order)
+    fast = CacheAwareRouter(
+        match_on="text",
+        cache_threshold=threshold,
+        balance_abs_threshold=abs_thr,
+        balance_rel_threshold=rel_thr,
+        eviction_interval_secs=0,
+        generation="le_0_1_4",
+        worker_order=queue_order,
+    )
     fast.reset(make_views(m), seed=0)
     fast.size_order = size_order
     lowest_id(fast.tree)
