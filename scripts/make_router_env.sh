@@ -5,8 +5,10 @@
 #                    at different versions)
 #   .venv-router014  sglang-router 0.1.4 (sglang 0.4.6's router, the paper authors' baseline); its own
 #                    venv because it ships the same `sglang_router` module as 0.3.2
+#   .venv-router015  sglang-router 0.1.5: the same cache-aware code, but its wheel reads the request
+#                    text (0.1.4's wheel routes every request on the empty key), as the authors' build does
 #
-#   scripts/make_router_env.sh [VENV_DIR [VENV014_DIR]]   (defaults: .venv-router .venv-router014)
+#   scripts/make_router_env.sh [VENV_DIR [VENV014_DIR [VENV015_DIR]]]   (defaults: .venv-router .venv-router014 .venv-router015)
 #   FORCE=1 scripts/make_router_env.sh                    (delete and rebuild both)
 #
 # Each wheel is a Rust binary (5-37 MB, runs on CPU) plus a Python launcher; every package is pinned
@@ -18,6 +20,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 VENV="${1:-${VENV_DIR:-.venv-router}}"
 VENV014="${2:-${VENV014_DIR:-.venv-router014}}"
+VENV015="${3:-${VENV015_DIR:-.venv-router015}}"
 PYTHON="${PYTHON:-python3}"
 T0=$SECONDS
 step() { echo "[make_router_env] $* (t=$((SECONDS - T0))s)"; }
@@ -36,6 +39,11 @@ smoke_014() {  # 0.1.4's launcher has no --prometheus-port (0.3.2's has): the ri
   version_is "$1" sglang-router 0.1.4 \
     && "$1/bin/python" -m sglang_router.launch_router --help | grep -q -- "--balance-rel-threshold" \
     && ! "$1/bin/python" -m sglang_router.launch_router --help | grep -q -- "--prometheus-port"
+}
+
+smoke_015() {
+  version_is "$1" sglang-router 0.1.5 \
+    && "$1/bin/python" -m sglang_router.launch_router --help | grep -q -- "--pd-disaggregation"
 }
 
 build() {  # venv lock smoke-function [pip options]
@@ -58,3 +66,4 @@ build() {  # venv lock smoke-function [pip options]
 
 build "$VENV" scripts/router_env/requirements.lock smoke_main
 build "$VENV014" scripts/router_env/requirements-014.lock smoke_014 --require-hashes
+build "$VENV015" scripts/router_env/requirements-015.lock smoke_015 --require-hashes

@@ -128,34 +128,48 @@ class ReversedHashOrder(CacheAwareRouter):
 VARIANTS = {
     # the rule of sglang-router 0.3.2: a low match goes to the least-loaded worker
     "v0_3_2_rule": (CacheAwareRouter, {"generation": "v0_3_2"}),
-    # the authors' build: it reads the request text
-    "text_routing": (CacheAwareRouter, {"match_on": "text"}),
+    # the other routing key: the request text for the 0.1.4 wheel (the authors' build), "" for 0.1.5
+    "other_routing_key": (CacheAwareRouter, {}),
     # one hash order for both maps (which one is used where)
     "sizes_in_load_order": (CacheAwareRouter, {}),
     "loads_in_size_order": (CacheAwareRouter, {}),
-    # must never differ: the per-node order is not observable without a hit
+    # 0.1.4: must never differ (without a hit the per-node order is not observable); 0.1.5: must
     "reversed_hash_order": (ReversedHashOrder, {}),
 }
 
 
 class Pair014:
-    """`step` and `closed` copies of our 0.1.4 rule with the binary's two map orders, plus variants."""
+    """`step` and `closed` copies of our 0.1.4 rule with the binary's two map orders, plus variants.
 
-    def __init__(self, d: Driver, report: MapReport, cfg: dict):
+    match_on "none" (the 0.1.4 wheel) or "text" (0.1.5). Where a hit's node holds several tenants,
+    the binary's per-node hash order picked one: our routers (not the reversed variant) continue
+    with the real pick, which must be one of them and the same each time that node (or a split
+    copy of it, same order) is met with the same tenants."""
+
+    def __init__(self, d: Driver, report: MapReport, cfg: dict, match_on: str = "none"):
         self.d = d
         self.report = report
+        self.match_on = match_on
         m = d.workers.n
         self.picks: list[int] = []  # every real decision
+        self.node_orders: dict = {}  # (node salt, its tenants) -> the binary's pick on a hit
+        self.hash_order_hits = 0
+        self._seen = None
+        self._real = -1
 
         def make(cls=CacheAwareRouter, **extra):
-            kw = {"match_on": "none", "generation": "le_0_1_4", "eviction_interval_secs": 0, **DEFAULTS, **cfg}
+            kw = {"match_on": match_on, "generation": "le_0_1_4", "eviction_interval_secs": 0, **DEFAULTS, **cfg}
             r = cls(worker_order=report.load_order, **{**kw, **extra})
             r.reset(make_views(m), seed=0)
             r.size_order = list(report.size_order)
+            if cls is not ReversedHashOrder:
+                r.tree.first_tenant = self._replay
             return r
 
         self.step, self.closed = make(), make()
-        self.variants = {name: make(cls, **kw) for name, (cls, kw) in VARIANTS.items()}
+        other = "text" if match_on == "none" else "none"
+        self.variants = {name: make(cls, **kw) for name, (cls, kw) in VARIANTS.items() if name != "other_routing_key"}
+        self.variants["other_routing_key"] = make(match_on=other)
         self.variants["sizes_in_load_order"].size_order = list(report.load_order)
         self.variants["loads_in_size_order"].order = list(report.size_order)
         self.differs = {name: 0 for name in self.variants}
@@ -164,21 +178,43 @@ class Pair014:
         self.decisions = self.step_agree = self.closed_agree = 0
         self.disagreements: list = []
 
+    def _replay(self, node):
+        tenants = node.tenants
+        if len(tenants) < 2:
+            return next(iter(tenants), None)
+        self._seen = (node.salt, frozenset(tenants))
+        return self._real if self._real in tenants else min(tenants)
+
+    def key(self, name: str, text_key: str) -> str:
+        text = self.match_on == "text"
+        if name == "other_routing_key":
+            text = not text
+        return text_key if text else ""
+
     async def send(self, body: dict, text_key: str = "", now_s: float = 0.0) -> int:
         d, loads = self.d, list(self.loads)
-        real = await d.send(body)
+        real = self._real = await d.send(body)
         self.loads[real] += 1
         self.picks.append(real)
         for name, r in self.variants.items():
-            key = text_key if name == "text_routing" else ""
+            key = self.key(name, text_key)
             r.loads = list(loads)
             self.differs[name] += r.decide(key, now_s) != real
             r.commit(key, real)
         step, closed = self.step, self.closed
+        key = self.key("step", text_key)
         step.loads = list(loads)
-        s = step.decide("", now_s)
-        step.commit("", real)
-        c = closed.route_key("", now_s)
+        self._seen = None
+        s = step.decide(key, now_s)
+        seen = self._seen
+        step.commit(key, real)
+        c = closed.route_key(key, now_s)
+        if step.last_branch == "hit" and seen is not None:  # the binary's per-node order decided
+            assert real in seen[1], f"the real pick {real} is none of the node's tenants {sorted(seen[1])}"
+            assert self.node_orders.setdefault(seen, real) == real, (
+                f"node {seen}: picks {self.node_orders[seen]}, {real}"
+            )
+            self.hash_order_hits += 1
         self.decisions += 1
         self.step_agree += s == real
         self.closed_agree += c == real
@@ -199,20 +235,26 @@ class Pair014:
         await self.release([r for r in list(self.d.in_flight) if rng.random() < p])
 
     async def check_report(self) -> MapReport:
-        """The binary's next report: the same two orders, sizes all 0, our loads and counts."""
+        """The binary's next report: the same two orders, our sizes (0.1.4's: all 0), loads and counts."""
         rep = await next_report(self.d, len(map_reports(self.d.router.log(), self.d.url_to_id)))
         assert (rep.size_order, rep.load_order) == (self.report.size_order, self.report.load_order)
-        assert rep.sizes == [0] * len(rep.sizes), f"the wheel's tree grew: {rep.sizes}"
+        sizes = [self.step.tree.tenant_size[w] for w in range(self.d.workers.n)]
+        assert rep.sizes == sizes == [self.closed.tree.tenant_size[w] for w in range(self.d.workers.n)], (
+            rep.sizes,
+            sizes,
+        )
+        if self.match_on == "none":
+            assert rep.sizes == [0] * len(rep.sizes), f"the wheel's tree grew: {rep.sizes}"
         assert rep.loads == self.loads == self.closed.loads, (rep.loads, self.loads, self.closed.loads)
         assert rep.processed == [self.picks.count(w) for w in range(self.d.workers.n)]
         return rep
 
 
-def finish(name: str, pair: Pair014, branches: set[str], must_differ=("v0_3_2_rule", "text_routing")) -> None:
+def finish(name: str, pair: Pair014, branches: set[str], must_differ=("v0_3_2_rule", "other_routing_key")) -> None:
     line = (
         f"{name}: {pair.decisions} decisions, step-by-step {pair.step_agree}/{pair.decisions}, closed-loop "
         f"{pair.closed_agree}/{pair.decisions}, branches {dict(sorted(pair.branches.items()))}, "
-        f"variants differing {pair.differs}"
+        f"variants differing {pair.differs}, hits decided by a node's hash order {pair.hash_order_hits}"
     )
     REPORT.append(line)
     print(line)
@@ -221,7 +263,8 @@ def finish(name: str, pair: Pair014, branches: set[str], must_differ=("v0_3_2_ru
         f"{line}; first disagreements (k, branch, real, step, closed): {pair.disagreements[:5]}"
     )
     assert set(pair.branches) == branches, f"{name}: branches {pair.branches}, meant {branches}"
-    assert pair.differs["reversed_hash_order"] == 0
+    if pair.match_on == "none":
+        assert pair.differs["reversed_hash_order"] == 0 and pair.hash_order_hits == 0
     for name_ in must_differ:
         assert pair.differs[name_] > 0, f"{name}: {name_} decided like the real router everywhere: {pair.differs}"
     rep = pair.report
@@ -236,8 +279,8 @@ def rest_differ(rep: MapReport) -> bool:
     return [w for w in rep.load_order if w != first] != [w for w in rep.size_order if w != first]
 
 
-async def start(d: Driver, cfg: dict | None = None) -> Pair014:
-    return Pair014(d, await next_report(d, 0), cfg or {})
+async def start(d: Driver, cfg: dict | None = None, match_on: str = "none") -> Pair014:
+    return Pair014(d, await next_report(d, 0), cfg or {}, match_on)
 
 
 async def traffic(pair: Pair014, requests, rng: random.Random, p_release=0.3, to_body=None) -> None:
@@ -247,8 +290,9 @@ async def traffic(pair: Pair014, requests, rng: random.Random, p_release=0.3, to
         await pair.release_some(rng, p_release)
 
 
-def run(tmp_path, m, args, body):
-    asyncio.run(with_router(tmp_path, m, "cache_aware", [*REPORT_EVERY, *args], body, python=PY, binary=BINARY))
+def run(tmp_path, m, args, body, binary=BINARY):
+    py = PY if binary == BINARY else router_python(binary)
+    asyncio.run(with_router(tmp_path, m, "cache_aware", [*REPORT_EVERY, *args], body, python=py, binary=binary))
 
 
 @pytest.mark.parametrize("order", ["random", "round_robin"])
