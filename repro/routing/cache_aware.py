@@ -63,7 +63,8 @@ match (or an empty key: 0/0 is NaN) to the smallest tree, its ties to the first 
 `seeded` draws the two orders independently). Stamps are `now_s` in milliseconds. Only a
 request's text is routed: "tokens" mode routes on "". The PyPI wheel compares the route name
 without its leading slash and so routes every request on "" (`match_on: none` reproduces it;
-tests/router_binary/test_router_binary_014.py); the authors' build reads the text.
+tests/router_binary/test_router_binary_014.py); the authors' build reads the text, as the 0.1.5
+wheel does with the same cache-aware code (test_router_binary_015.py checks the text path on it).
 
 The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
 the real router has no random tie-break, its ties follow the registry order. The removed

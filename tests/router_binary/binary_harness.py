@@ -1,4 +1,4 @@
-"""Drive the real router binaries (sglang-router 0.3.2, smg 1.13.0, 0.1.4) in front of fake workers
+"""Drive the real router binaries (sglang-router 0.3.2, smg 1.13.0, 0.1.4, 0.1.5) in front of fake workers
 that hold every request. What differs between the binaries lives in `BINARIES` (one place).
 
 - `HoldingWorkers`: aiohttp apps on 127.0.0.1 (free ports) in the test's event loop. Each
