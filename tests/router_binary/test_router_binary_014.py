@@ -480,7 +480,8 @@ def test_emulated_cell_through_the_014_wheel(tmp_path):
     need_parts()
     m = 2
     reqs = gsp(21, "random", n_groups=3, per_group=8)
-    cfg = cell_cfg_014(m, eviction_interval_secs=1)  # a trim report (its map orders) every second
+    cfg = cell_cfg_014(m, eviction_interval_secs=1)  # a trim report (its map orders) each second
+    cfg["backend"]["time_scale"] = 1.0  # a cell of several seconds: it outlives a trim interval
     plan = orchestrate.plan_cell(cfg, [200_000] * m, SeedPlan.spawn(0, m), tmp_path / "logs")
     res = orchestrate.run_plan(plan, reqs)
     rec = res.records.set_index("id")
@@ -490,7 +491,7 @@ def test_emulated_cell_through_the_014_wheel(tmp_path):
     log = (Path(plan.log_dir) / "router.log").read_text(errors="replace")
     urls = plan.worker_urls
     reports = map_reports(log, {u: i for i, u in enumerate(urls)})
-    assert reports, "the router printed no trim report"
-    first = reports[0].size_order[0]
-    assert served == {w: (len(reqs) if w == first else 0) for w in range(m)}, (served, reports[0])
+    (first,) = [w for w, n in served.items() if n]  # one worker took every request ...
+    assert served[first] == len(reqs), served
+    assert reports and first == reports[0].size_order[0], (served, reports[:1])  # ... the size map's first
     assert "panicked" not in log
