@@ -46,10 +46,10 @@ test-sglang: sglang-env sglang046-env  ## tests against SGLang's real RadixCache
 test-sglang-server: sglang-server-env router-env  ## the live path against real SGLang servers on this CPU (tiny Llama; ~2.7 GB a server)
 	$(PYTHON) -m pytest -m sglang_server tests/live_server
 
-router-env:  ## build the real routers' environment (.venv-router: sglang-router 0.3.2 and smg 1.13.0) for the router_binary tests
+router-env:  ## build the real routers' environments (.venv-router: sglang-router 0.3.2 and smg 1.13.0; .venv-router014, .venv-router015: sglang-router 0.1.4, 0.1.5) for the router_binary tests
 	bash scripts/make_router_env.sh
 
-test-router-binary: router-env  ## our routers against the real sglang-router 0.3.2 and smg 1.13.0 binaries, decision by decision
+test-router-binary: router-env  ## our routers against the real sglang-router 0.3.2, smg 1.13.0, sglang-router 0.1.4 and 0.1.5 binaries, decision by decision
 	$(PYTHON) -m pytest -m router_binary tests/router_binary
 
 test-slurm:  ## Slurm tests (needs a running cluster: .ci/slurm_up.sh, SLURM_CONF exported)

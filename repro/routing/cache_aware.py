@@ -1,5 +1,5 @@
-"""SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5), and
-its successor's rule (`generation: smg_1_13`, see below).
+"""SGLang's cache-aware router (sglang-router 0.3.2), the paper's strongest baseline (§5), its
+successor's rule (`generation: smg_1_13`) and its predecessor's (`le_0_1_4`), see below.
 
 Rule (docs/ALGORITHMS.md §3; checked against the real 0.3.2 binary by
 tests/router_binary/, read from its `cache_aware.rs`/`tree.rs`):
@@ -33,7 +33,8 @@ Routing key (`match_on`): "text" = characters of `request.text` (the real router
 `text` request); "tokens" = the prompt token ids as decimal strings joined by single spaces,
 counted in characters (exactly what the real router matches, and what max_tree_size counts,
 for a request with only `input_ids`); "auto" (default) = text when the first routed request
-has text, else tokens, then fixed for the run (a text-mode run fed a request without text raises).
+has text, else tokens, then fixed for the run (a text-mode run fed a request without text raises);
+"none" = the empty key for every request (what sglang-router 0.1.4's PyPI wheel routes on, below).
 
 `route_key` = `decide` (trim if due, match, choose; `last_branch` then names the branch: hit |
 low_match_tied | low_match_untied | imbalanced) + `commit` (insert, count the load); the binary
@@ -51,6 +52,20 @@ for the whole tree: least recently stamped (node, tenant) leaves of any tenant g
 the total is <= max_tree_size. Stamps and epochs are 0.3.2's. `last_branch` adds `spill`;
 `last_ties` holds the tied workers of the last random choice (() when none was random).
 
+Generation `le_0_1_4` (sglang-router 0.1.4, the router of sglang 0.4.6 the paper's authors built
+and ran; docs/ALGORITHMS.md §3; `approx_tree_014`): steps 1-2 as above, except that the
+authors' build counts a request down only on a successful reply or a stream's `[DONE]` (an
+abandoned request's count stays here too; the wheel also counts down a non-streamed error
+reply); no imbalance -> match; a hit
+goes to the first tenant of the stopping node in that node's hash order (`HashOrderTree`), a low
+match (or an empty key: 0/0 is NaN) to the smallest tree, its ties to the first in `size_order`
+(the size map's hash order), the imbalanced branch's to the first in `order` (the load map's;
+`seeded` draws the two orders independently). Stamps are `now_s` in milliseconds. Only a
+request's text is routed: "tokens" mode routes on "". The PyPI wheel compares the route name
+without its leading slash and so routes every request on "" (`match_on: none` reproduces it;
+tests/router_binary/test_router_binary_014.py); the authors' build reads the text, as the 0.1.5
+wheel does with the same cache-aware code (test_router_binary_015.py checks the text path on it).
+
 The removed `tie_break: index | random` is rejected with an error naming `worker_order`:
 the real router has no random tie-break, its ties follow the registry order. The removed
 `low_match: least_loaded | smallest_tree` is rejected with an error naming `generation`.
@@ -59,19 +74,20 @@ the real router has no random tie-break, its ties follow the registry order. The
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
 from repro.routing.approx_tree import ApproximateTree
+from repro.routing.approx_tree_014 import HashOrderTree
 from repro.routing.base import Router, WorkerView, check_choice, request_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.workloads.request import Request
 
 _f32 = np.float32
-# sglang-router <= 0.2.3 | 0.3.2 (the paper's, default) | smg 1.13.0 (its successor, today's)
-GENERATIONS = ("le_0_2_3", "v0_3_2", "smg_1_13")
+# sglang-router 0.1.4 (sglang 0.4.6's: the paper authors' build) | <= 0.2.3 | 0.3.2 (default) | smg 1.13.0
+GENERATIONS = ("le_0_1_4", "le_0_2_3", "v0_3_2", "smg_1_13")
 
 
 def ids_key(tokens) -> str:
@@ -120,7 +136,7 @@ class CacheAwareRouter(Router):
         if low_match is not None:
             raise ValueError(
                 "cache_aware: low_match was replaced by generation: le_0_2_3 (smallest tree, "
-                "sglang-router <= 0.2.3) | v0_3_2 (least loaded, the default) | smg_1_13"
+                "sglang-router <= 0.2.3; le_0_1_4 for 0.1.4) | v0_3_2 (least loaded, the default) | smg_1_13"
             )
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
@@ -136,11 +152,12 @@ class CacheAwareRouter(Router):
         self.balance_rel_threshold = float(balance_rel_threshold)
         self.eviction_interval_secs = float(eviction_interval_secs)
         self.max_tree_size = int(max_tree_size)
-        self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens"))
-        self.uses_text = match_on != "tokens"
+        self.match_on = check_choice("match_on", match_on, ("auto", "text", "tokens", "none"))
+        self.uses_text = match_on not in ("tokens", "none")
         self.worker_order = check_worker_order(worker_order)
         self.generation = check_choice("generation", generation, GENERATIONS)
-        self.low_match_smallest_tree = self.generation == "le_0_2_3"
+        self.low_match_smallest_tree = self.generation in ("le_0_1_4", "le_0_2_3")
+        self.v014 = self.generation == "le_0_1_4"
         if self.generation == "smg_1_13" and self.balance_rel_threshold < 1.0:
             raise ValueError(f"cache_aware: smg requires balance_rel_threshold >= 1, got {self.balance_rel_threshold}")
         self._threshold32 = _f32(self.cache_threshold)
@@ -160,12 +177,22 @@ class CacheAwareRouter(Router):
             if sorted(self.worker_order) != list(range(m)):
                 raise ValueError(f"worker_order {list(self.worker_order)} is not a permutation of 0..{m - 1}")
             self.order = list(self.worker_order)
+        # le_0_1_4: load ties follow the queue map's order (self.order), size ties the size map's
+        self.size_order = list(self.order)
         self.loads = [0] * m
         self.mode: str | None = None if self.match_on == "auto" else self.match_on
-        self.tree = ApproximateTree(unit=1, tenant_order=self.order)
-        for worker in self.order:  # init_workers: every worker joins with an empty key
-            self.tree.insert("", worker)
+        if self.v014:
+            if self.worker_order == "seeded":  # two hash maps, two orders
+                self.size_order = [int(w) for w in self.rng.permutation(m)]
+            self.tree: ApproximateTree = HashOrderTree(seed=int(self.rng.integers(2**63)))
+            for worker in range(m):  # Router::new: every worker joins with an empty key
+                self.tree.insert("", worker)
+        else:
+            self.tree = ApproximateTree(unit=1, tenant_order=self.order)
+            for worker in self.order:  # init_workers: every worker joins with an empty key
+                self.tree.insert("", worker)
         self._next_eviction_s: float | None = None
+        self._now_ms = 0
         self.evictions_run = 0
         self.last_branch: str | None = None  # hit | low_match_tied | low_match_untied | imbalanced | spill
         self.last_ties: tuple[int, ...] = ()
@@ -174,6 +201,8 @@ class CacheAwareRouter(Router):
 
     def _key(self, request: "Request") -> str:
         mode = self.mode
+        if mode == "none":
+            return ""
         if mode != "tokens":
             text = request_text(request)  # read once: a pool-backed request builds its text on each access
             if mode is None:  # auto: decided by the first request of the run
@@ -185,6 +214,8 @@ class CacheAwareRouter(Router):
                         "(match_on=text, or auto resolved to text by an earlier request)"
                     )
                 return text
+        if self.v014:
+            return ""  # 0.1.4 reads only a request's `text`: an ids-only request routes on ""
         return ids_key(request.prompt_tokens)
 
     # ------------------------------------------------------------------ routing
@@ -204,6 +235,8 @@ class CacheAwareRouter(Router):
         self._maybe_evict(now_s)
         if self.generation == "smg_1_13":
             return self._decide_smg(key)
+        if self.v014:
+            return self._decide_014(key, now_s)
         loads = self.loads
         max_load, min_load = max(loads), min(loads)
         imbalanced = (max_load - min_load > self.balance_abs_threshold) and (
@@ -223,6 +256,27 @@ class CacheAwareRouter(Router):
             sizes = tree.tenant_size
             worker = min(self.order, key=sizes.__getitem__)
             tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
+        self.last_branch = "low_match_tied" if tied else "low_match_untied"
+        return worker
+
+    def _decide_014(self, key: str, now_s: float) -> int:
+        """sglang-router 0.1.4's choice (module docstring): 0.3.2's imbalance test, then the first
+        tenant of the stopping node in its hash order on a hit, else the smallest tree."""
+        self._now_ms = now_ms = int(now_s * 1000.0)  # the stamp of this decision's match and insert
+        loads = self.loads
+        max_load, min_load = max(loads), min(loads)
+        if (max_load - min_load > self.balance_abs_threshold) and (_f32(max_load) > _f32(min_load) * self._rel32):
+            self.last_branch = "imbalanced"
+            return self._least_loaded()
+        tree = cast(HashOrderTree, self.tree)
+        matched, tenant = tree.prefix_match(key, now_ms)
+        # an empty key: 0 / 0 is NaN in the real router, never above the threshold
+        if tenant is not None and key and self._rate_above(matched, len(key)):
+            self.last_branch = "hit"
+            return tenant
+        worker = tree.smallest_tenant(self.size_order)
+        sizes = tree.tenant_size
+        tied = sum(1 for s in sizes.values() if s == sizes[worker]) > 1
         self.last_branch = "low_match_tied" if tied else "low_match_untied"
         return worker
 
@@ -263,7 +317,10 @@ class CacheAwareRouter(Router):
 
     def commit(self, key: str, worker: int) -> None:
         """The routed request: insert its key for `worker` (on every branch) and count it."""
-        self.tree.insert(key, worker)
+        if self.v014:
+            cast(HashOrderTree, self.tree).insert(key, worker, self._now_ms)
+        else:
+            self.tree.insert(key, worker)
         self.loads[worker] += 1
 
     def _rate_above(self, matched: int, total: int) -> bool:
@@ -291,6 +348,8 @@ class CacheAwareRouter(Router):
         self.release(worker_id)
 
     def on_request_abandoned(self, request, worker_id, now_s=None):
+        if self.v014:
+            return  # 0.1.4 counts a request down only when its reply (or `[DONE]`) passes it: a lost one stays
         self.release(worker_id)  # completion only releases the request's slot here
 
     def release(self, worker_id: int) -> None:

@@ -1,5 +1,5 @@
-"""Drive the real router binaries (sglang-router 0.3.2, smg 1.13.0) in front of fake workers that
-hold every request. What differs between the two binaries lives in `BINARIES` (one place).
+"""Drive the real router binaries (sglang-router 0.3.2, smg 1.13.0, 0.1.4, 0.1.5) in front of fake workers
+that hold every request. What differs between the binaries lives in `BINARIES` (one place).
 
 - `HoldingWorkers`: aiohttp apps on 127.0.0.1 (free ports) in the test's event loop. Each
   /generate records which worker got it (by the request's `rid`, which the router forwards),
@@ -50,6 +50,10 @@ class Binary:
     args: tuple[str, ...] = ()  # added to every start
     # a debug-log line per routing decision: (marker, regex of its branch), if the binary writes one
     decision_log: tuple[str, str] | None = None
+    # 0.1.x has no GET /workers nor /readiness: it serves only once every worker is healthy, so
+    # /health (forwarded to a worker) is its readiness; 0.1.4 has no Prometheus endpoint either
+    modern: bool = True
+    prometheus: bool = True
 
 
 BINARIES = {
@@ -58,7 +62,16 @@ BINARIES = {
     # vetoes overloaded workers; both read the workers' own reports, which these workers never send.
     "smg_1_13": Binary("smg", "1.13.0", "smg.launch_router", ".venv-router", "REPRO_ROUTER_PYTHON",
                        decision_log=("Cache-aware selection", r'branch="([a-z_]+)"')),
+    # its own venv: it ships the same `sglang_router` module as 0.3.2
+    "0.1.4": Binary("sglang-router", "0.1.4", "sglang_router.launch_router", ".venv-router014",
+                    "REPRO_ROUTER014_PYTHON", args=("--worker-startup-check-interval", "1"), modern=False,
+                    prometheus=False),
+    # 0.1.4's cache-aware code with a request reader that reads `text`; it re-serializes the body
+    # (dropping `rid`: the workers read the request id from a header then)
+    "0.1.5": Binary("sglang-router", "0.1.5", "sglang_router.launch_router", ".venv-router015",
+                    "REPRO_ROUTER015_PYTHON", args=("--worker-startup-check-interval", "1"), modern=False),
 }
+RID_HEADER = "X-Test-Rid"
 
 
 def router_python(binary: str = "0.3.2") -> Path | None:
@@ -92,7 +105,7 @@ class HoldingWorkers:
     def _app(self, wid: int) -> web.Application:
         async def generate(request: web.Request) -> web.Response:
             body = await request.json()
-            rid = body.get("rid")
+            rid = body.get("rid") or request.headers.get(RID_HEADER)
             self.bodies[rid] = body
             fut = self.arrived.get(rid)
             if fut is not None and not fut.done():
@@ -154,9 +167,12 @@ class RealRouter:
         self.cmd = [
             str(python), "-m", self.binary.launcher, "--host", "127.0.0.1", "--port", str(self.port),
             "--worker-urls", *worker_urls, "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prom_port),
-            "--log-level", "debug", *self.binary.args, *args,
         ]
+        if self.binary.prometheus:
+            self.cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prom_port)]
+        if self.binary.modern:
+            self.cmd += ["--log-level", "debug"]
+        self.cmd += [*self.binary.args, *args]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self._offset = self._evictions = self._init_epochs = 0
@@ -202,7 +218,9 @@ class RealRouter:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.binary.dist} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
             try:
-                async with session.get(f"{self.url}/readiness") as r:
+                async with session.get(f"{self.url}/{'readiness' if self.binary.modern else 'health'}") as r:
+                    if r.status == 200 and not self.binary.modern:
+                        return []
                     if r.status == 200:
                         workers = await self.workers(session)
                         if len(workers) == n_workers and all(w["is_healthy"] for w in workers):
@@ -265,7 +283,8 @@ class Driver:
         return loads
 
     async def _post(self, body: dict) -> None:
-        async with self.session.post(f"{self.router.url}/generate", json=body) as r:
+        async with self.session.post(f"{self.router.url}/generate", json=body,
+                                     headers={RID_HEADER: body["rid"]}) as r:
             await r.read()
             if r.status != 200:
                 raise AssertionError(f"router answered {r.status} for {body.get('rid')}")

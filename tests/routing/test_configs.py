@@ -33,7 +33,11 @@ POLICIES = {
 }
 
 # a second yaml of one class: the keys it sets otherwise than the class defaults (all else: the defaults)
-PRESETS = {"cache_aware_smg": {"name": "cache_aware_smg", "generation": "smg_1_13"}}
+PRESETS = {
+    "cache_aware_smg": {"name": "cache_aware_smg", "generation": "smg_1_13"},
+    "cache_aware_014": {"name": "cache_aware_014", "generation": "le_0_1_4", "cache_threshold": 0.5,
+                        "balance_abs_threshold": 32, "balance_rel_threshold": 1.0001, "max_tree_size": 2**24},
+}
 
 
 @pytest.mark.parametrize("name", sorted(ROUTERS))

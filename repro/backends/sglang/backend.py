@@ -68,6 +68,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
     router_name = get_path(cfg, "router.name")
     if impl not in ("ours", "sglang_router"):
         errs.append(f"backend.router_impl must be 'ours' or 'sglang_router', got {impl!r}")
+    elif impl == "sglang_router" and get_path(cfg, "router.generation") == "le_0_1_4":
+        errs += _sglang_router_014_errors(cfg)
     elif impl == "sglang_router" and router_name not in ("cache_aware", "random", "round_robin"):
         errs.append(
             f"backend.router_impl=sglang_router runs cache_aware, random or round_robin, not router "
@@ -123,6 +125,29 @@ def validate_cell(cfg: Mapping) -> list[str]:
             if f is None or f in FAULTS or (isinstance(f, Mapping) and set(f) == {"exit_after_requests"}):
                 continue
             errs.append(f"backend.emulator fault {f!r}: use null, one of {FAULTS} or {{exit_after_requests: N}}")
+    return errs
+
+
+def _sglang_router_014_errors(cfg: Mapping) -> list[str]:
+    """router_impl=sglang_router with router.generation le_0_1_4: the sglang-router 0.1.4 wheel."""
+    errs = []
+    interval = get_path(cfg, "router.eviction_interval_secs", 60)
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or interval < 1
+        or interval != int(interval)
+    ):
+        errs.append(
+            f"router.eviction_interval_secs={interval!r}: sglang-router 0.1.4 needs a whole number of "
+            f"seconds >= 1 (at 0 it trims without pause)"
+        )
+    if get_path(cfg, "router.match_on", "auto") != "none":
+        errs.append(
+            "router.match_on: the sglang-router 0.1.4 wheel routes every request on the empty key (it compares "
+            "the route name without its leading slash): set router.match_on=none to run it, or "
+            "router_impl=ours for 0.1.4's rule on the request text"
+        )
     return errs
 
 

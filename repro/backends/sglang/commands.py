@@ -1,5 +1,6 @@
 """The command lines of a cell's processes: SGLang servers (SGLang 0.5.23 flags), the real
-sglang-router, our emulated worker and our router service. planning.plan_cell puts them into a plan.
+sglang-router (0.3.2, or 0.1.4 for router.generation le_0_1_4), our emulated worker and our router
+service. planning.plan_cell puts them into a plan.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from repro.backends.sglang.config import SGLANG_ROUTER_POLICIES
+from repro.backends.sglang.config import SGLANG_ROUTER_POLICIES, SGLANG_ROUTER_RELEASES
 from repro.backends.sglang.errors import OrchestrationError
 
 
@@ -74,6 +75,69 @@ def sglang_server_command(
     return cmd + [str(a) for a in extra_args]
 
 
+def sglang_router_release(router_cfg: Mapping[str, Any]) -> str:
+    """The sglang-router release a router config runs as: "0.1.4" for a cache-aware router of
+    generation le_0_1_4 (whatever its name, e.g. cache_aware_014), else "0.3.2" (a generation
+    without a release is refused by validation, backend.py)."""
+    return SGLANG_ROUTER_RELEASES.get(str(router_cfg.get("generation")), SGLANG_ROUTER_RELEASES["v0_3_2"])
+
+
+def sglang_router_ready_path(router_cfg: Mapping[str, Any]) -> str:
+    """0.3.2 answers /health before any worker is registered, so /readiness; 0.1.4 has no
+    /readiness and binds only once every worker is healthy, so /health (forwarded to a worker)."""
+    return "/health" if sglang_router_release(router_cfg) == "0.1.4" else "/readiness"
+
+
+def sglang_router_014_command(
+    python: str,
+    host: str,
+    port: int,
+    worker_urls: Sequence[str],
+    router_cfg: Mapping[str, Any],
+    *,
+    worker_startup_timeout_s: float,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """`python -m sglang_router.launch_router ...` with sglang-router 0.1.4's flags (its launcher has
+    no request timeout, Prometheus or log-level flag; `--eviction-interval`, not `-secs`). The PyPI
+    wheel routes every request on the empty key (docs/ALGORITHMS.md §3), which only
+    `match_on: none` describes: any other routing key is refused rather than run unlike its config."""
+    if router_cfg.get("match_on", "auto") != "none":
+        raise OrchestrationError(
+            f"router.match_on={router_cfg.get('match_on', 'auto')!r}: the sglang-router 0.1.4 wheel routes every "
+            "request on the empty key (it compares the route name without its leading slash); set "
+            "router.match_on=none to run it, or router_impl=ours for 0.1.4's rule on the request text"
+        )
+    return [
+        python,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        "cache_aware",
+        "--cache-threshold",
+        f"{float(router_cfg.get('cache_threshold', 0.5)):g}",
+        "--balance-abs-threshold",
+        str(int(router_cfg.get("balance_abs_threshold", 32))),
+        "--balance-rel-threshold",
+        f"{float(router_cfg.get('balance_rel_threshold', 1.0001)):g}",
+        "--eviction-interval",
+        str(int(router_cfg.get("eviction_interval_secs", 60))),
+        "--max-tree-size",
+        str(int(router_cfg.get("max_tree_size", 2**24))),
+        "--worker-startup-timeout-secs",
+        str(int(math.ceil(worker_startup_timeout_s))),
+        "--worker-startup-check-interval",  # its default, 10 s, would delay the start by up to 10 s
+        "1",
+        *[str(a) for a in extra_args],
+    ]
+
+
 def sglang_router_command(
     python: str,
     host: str,
@@ -92,8 +156,19 @@ def sglang_router_command(
     match_on / worker_order / generation have no Rust counterpart (the real router matches the
     request text, or the ids as decimal strings, and its load ties follow its registry order).
     Its Prometheus endpoint (default 0.0.0.0:29000, where a second router on the node would
-    collide and panic) goes to `prometheus_port` on `host`.
+    collide and panic) goes to `prometheus_port` on `host`. A router of generation le_0_1_4 gets
+    sglang-router 0.1.4's command instead (`sglang_router_014_command`; `python` must be its venv's).
     """
+    if sglang_router_release(router_cfg) == "0.1.4":
+        return sglang_router_014_command(
+            python,
+            host,
+            port,
+            worker_urls,
+            router_cfg,
+            worker_startup_timeout_s=worker_startup_timeout_s,
+            extra_args=extra_args,
+        )
     name = str(router_cfg.get("name"))
     if name not in SGLANG_ROUTER_POLICIES:
         raise OrchestrationError(

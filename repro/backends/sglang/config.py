@@ -23,6 +23,8 @@ from repro.confutil import is_positive
 
 ROUTER_IMPLS = ("ours", "sglang_router")  # backend.router_impl
 SGLANG_ROUTER_POLICIES = ("cache_aware", "random", "round_robin")  # what sglang-router 0.3.2 runs
+# router.generation of a cache-aware router -> the sglang-router release router_impl=sglang_router launches
+SGLANG_ROUTER_RELEASES = {"v0_3_2": "0.3.2", "le_0_1_4": "0.1.4"}
 PLACEMENTS = ("auto", "local")  # backend.placement
 
 
@@ -81,6 +83,8 @@ class SglangRouterSection:
     """`backend.sglang_router` (router_impl: sglang_router, the real Rust router)."""
 
     python: str | None = None  # None: backend.python
+    # sglang-router 0.1.4 (router.generation le_0_1_4) ships the same module in its own venv (make router-env)
+    python_014: str = ".venv-router014/bin/python"
     extra_args: list = field(default_factory=list)
 
 
@@ -327,6 +331,7 @@ __all__ = [
     "PLACEMENTS",
     "ROUTER_IMPLS",
     "SGLANG_ROUTER_POLICIES",
+    "SGLANG_ROUTER_RELEASES",
     "BackendConfig",
     "ClientSection",
     "EmulatorConfig",

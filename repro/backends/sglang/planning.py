@@ -29,6 +29,8 @@ from repro.backends.sglang.commands import (
     emulated_worker_command,
     router_service_command,
     sglang_router_command,
+    sglang_router_ready_path,
+    sglang_router_release,
     sglang_server_command,
 )
 from repro.backends.sglang.errors import CellTimeoutError, OrchestrationError, ServerStartError
@@ -246,8 +248,12 @@ def plan_cell(
     else:
         sr = b.sglang_router
         prometheus_port = next(p for p in free_ports(m + 2, host) if p not in ports)
+        if sglang_router_release(cfg["router"]) == "0.1.4":
+            router_python = resolve_python(sr.python_014)
+        else:
+            router_python = resolve_python(sr.python) if sr.python else python
         cmd = sglang_router_command(
-            resolve_python(sr.python) if sr.python else python,
+            router_python,
             host,
             router_port,
             worker_urls,
@@ -257,8 +263,9 @@ def plan_cell(
             prometheus_port=prometheus_port,
             extra_args=list(sr.extra_args or []),
         )
-        # /readiness, not /health: the real router answers /health before any worker is registered
-        router = ProcessSpec("sglang_router", cmd, {}, os.path.join(log_dir, "router.log"), f"{router_url}/readiness")
+        # 0.3.2: /readiness, not /health (it answers /health before any worker is registered); 0.1.4: /health
+        ready = f"{router_url}{sglang_router_ready_path(cfg['router'])}"
+        router = ProcessSpec("sglang_router", cmd, {}, os.path.join(log_dir, "router.log"), ready)
 
     send_ref = b.client.send_reference_output
     client_cfg = {
