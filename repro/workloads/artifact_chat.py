@@ -28,6 +28,7 @@ import numpy as np
 
 from repro.workloads.arrivals import component_rng
 from repro.workloads.artifact import universe
+from repro.workloads.base import WorkloadError
 from repro.workloads.clients import ClosedLoopPlan
 from repro.workloads.pool import Pool, PoolBuilder, generated_tokens
 
@@ -114,7 +115,7 @@ def make_chat_pool(cfg: dict, tokenizer, picked, prov: dict) -> Pool:
     """One query per (conversation, turn): the templated history with 4-token replies."""
     a = cfg["artifact"]
     if len(picked) < a["num_clients"]:
-        raise ValueError(
+        raise WorkloadError(
             f"only {len(picked)} conversations have >= {a['min_user_turns']} user messages; "
             f"the artifact needs {a['num_clients']} (their fallback stitches messages across conversations: not offered)"
         )
