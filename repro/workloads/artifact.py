@@ -82,8 +82,25 @@ def split_shared(builder: PoolBuilder, texts: list[tuple[str, str]], ids: list[n
     return [(shared, builder.segment(t[1], x[lcp:])) for t, x in zip(texts, ids)]
 
 
-def validate_gsp(p, c: dict) -> None:
+# text-variant GSP keys the artifact has its own settings for (artifact.<key>); a value other than
+# the default is refused rather than ignored (a sweep over them would give equal cells)
+TEXT_ONLY = {
+    "num_groups": "num_groups",
+    "prompts_per_group": "prompts_per_group",
+    "system_prompt_len": "total_lens",
+    "question_len": "total_lens",
+    "range_ratio": "total_lens",
+    "system_prompt_len_range": "total_lens",
+}
+
+
+def validate_gsp(p, c: dict, text_defaults: dict) -> None:
     a = c["artifact"]
+    for key, theirs in TEXT_ONLY.items():
+        if c.get(key) != text_defaults[key]:
+            p.add(f"workload.{key} belongs to the text GSP; under protocol=artifact set workload.artifact.{theirs}")
+    if c.get("shared_prefix_ratio") is not None:  # Fig. 10's knob is their --gsp-prefix-ratio
+        a["prefix_ratio"] = c["shared_prefix_ratio"]
     p.int_(a, "num_groups", 1)
     p.int_(a, "prompts_per_group", 1)
     p.float_(a, "prefix_ratio", lo=0.0, hi=1.0, lo_open=True)

@@ -67,7 +67,7 @@ class GSPWorkload(WorkloadSpec):
     ARTIFACT_DEFAULTS = artifact.GSP_ARTIFACT_DEFAULTS  # bench_serving as gsp.sh calls it (artifact.py)
 
     def validate_artifact(self, p: _Problems) -> None:
-        artifact.validate_gsp(p, self.cfg)
+        artifact.validate_gsp(p, self.cfg, self.DEFAULTS)
 
     def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
         return artifact.make_gsp_pool(self.cfg, seed, tokenizer)

@@ -105,6 +105,7 @@ def test_the_cell_seed_moves_only_the_arrivals_unless_the_artifact_seed_is_null(
         {"artifact": {**SMALL, "colour": 1}},
         {"tokenizer": {"kind": "builtin", "path": None}},
         {"variant": "other"},
+        {"num_groups": 8},  # a text-variant key: refused, not ignored
     ],
 )
 def test_bad_artifact_settings_are_refused_before_work(bad):
@@ -118,3 +119,11 @@ def test_the_text_variant_has_no_new_keys():
     assert wl.client is None
     with pytest.raises(WorkloadConfigError):
         build_workload(wl_cfg("gsp", artifact={}), seed=0)
+
+
+def test_fig10s_prefix_ratio_is_their_prefix_ratio():
+    a = build_workload(artifact_cfg(), seed=0)
+    b = build_workload(artifact_cfg(prefix_ratio=0.25), seed=0)
+    c = build_workload(artifact_cfg() | {"shared_prefix_ratio": 0.25}, seed=0)
+    assert [r.text for r in b.requests] == [r.text for r in c.requests] != [r.text for r in a.requests]
+    assert c.provenance["config"]["artifact"]["prefix_ratio"] == 0.25
