@@ -35,8 +35,16 @@ def run_cell(
     cfg = to_plain(cfg)
     cell = assembly.assemble(cfg, wrap_router=wrap_router)
     plan = cell.plan
+    client_plan = getattr(cell.workload, "client", None)  # protocol=artifact: the authors' benchmark client
     sim = SimCluster(
-        cell.requests, cell.caches, cell.cost_model, cell.router, plan.scheduler, plan.eviction_name, plan.seeds.router
+        cell.requests,
+        cell.caches,
+        cell.cost_model,
+        cell.router,
+        plan.scheduler,
+        plan.eviction_name,
+        plan.seeds.router,
+        client=client_plan.start(cell.requests) if client_plan is not None else None,
     )
     # worker state over simulated time for the cell's time series (not when tracking is off)
     tracking = cfg.get("tracking") or {}

@@ -424,7 +424,8 @@ def _compute(spec: CellSpec, store: CellStore, lock: CellLock, out: CellOutcome,
         records = None
         if isinstance(result, CellResult):
             records = _records_frame(result.records)
-            summary = summarize(records, provenance(cfg, result.provenance, spec.signature))
+            metrics = str((cfg.get("protocol") or {}).get("metrics") or "text")  # conf/protocol/
+            summary = summarize(records, provenance(cfg, result.provenance, spec.signature), definition=metrics)
             backend_timings = dict(result.timings or {})
             store.write_requests(records)  # + requests.sha256, committed while the parquet is not
         elif isinstance(result, Mapping):

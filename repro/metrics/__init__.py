@@ -5,6 +5,21 @@ matplotlib.
 """
 
 from repro.metrics.records import RECORD_COLUMNS
-from repro.metrics.summary import REGIMES, SUMMARY_KEYS, TEXT_SUMMARY_KEYS, WORKER_BUSY_KEY, summarize
+from repro.metrics.summary import (
+    METRIC_DEFINITIONS,
+    REGIMES,
+    SUMMARY_KEYS,
+    TEXT_SUMMARY_KEYS,
+    WORKER_BUSY_KEY,
+    summarize,
+)
 
-__all__ = ["RECORD_COLUMNS", "REGIMES", "SUMMARY_KEYS", "TEXT_SUMMARY_KEYS", "WORKER_BUSY_KEY", "summarize"]
+__all__ = [
+    "METRIC_DEFINITIONS",
+    "RECORD_COLUMNS",
+    "REGIMES",
+    "SUMMARY_KEYS",
+    "TEXT_SUMMARY_KEYS",
+    "WORKER_BUSY_KEY",
+    "summarize",
+]

@@ -4,6 +4,15 @@ Definitions (ALGORITHMS.md §5): TTFT = first token - arrival; latency = finish 
 hit rate = sum(cached) / sum(prompt) over completed requests; throughput = completed /
 (last finish - first arrival). Percentiles use numpy's default (linear) interpolation.
 The load regime and the numbers it is judged by: ALGORITHMS.md §5, "Load regime".
+
+`definition="artifact"` (protocol=artifact): the authors' scripts' definitions. Their clients
+send warm-up requests first (the workload's client says how many: `provenance["workload"]
+["client"]["warmup_requests"]`, the first record ids) and time only what follows: latency and
+TTFT are measured on the client from send (bench_serving, long.py, multi-turn.py: the router is
+inside that time, as in ours), their percentiles and the throughput (completed / (first timed
+send -> last completion)) over the timed requests; the hit rate is read from the workers'
+counters (`sglang:cached_tokens_total / sglang:prompt_tokens_total` summed over the workers),
+which count every request the servers finished, the warm-up included.
 """
 
 from __future__ import annotations
@@ -82,13 +91,20 @@ def load_regime(backlog_slope: float, arrival_rate: float, wait_share_p50: float
     return "stable"
 
 
-def summarize(records: pd.DataFrame, provenance: dict | None = None) -> dict:
+METRIC_DEFINITIONS: tuple[str, ...] = ("text", "artifact")
+
+
+def summarize(records: pd.DataFrame, provenance: dict | None = None, definition: str = "text") -> dict:
     """Summary dict with exactly SUMMARY_KEYS (+ `provenance`).
 
     Floats are rounded to 12 significant digits so that the same records always
     serialise to the same bytes, whatever summation order a platform uses; the regime is judged
-    on the rounded numbers.
+    on the rounded numbers. `definition`: METRIC_DEFINITIONS (module docstring).
     """
+    if definition == "artifact":
+        return _summarize_artifact(records, provenance)
+    if definition != "text":
+        raise ValueError(f"metric definition must be one of {', '.join(METRIC_DEFINITIONS)}; got {definition!r}")
     provenance = dict(provenance or {})
     failed = records["failed"].to_numpy(dtype=bool) if "failed" in records else np.zeros(len(records), bool)
     done = records[~failed]
@@ -148,3 +164,26 @@ def _max_worker_share(worker: np.ndarray) -> float:
     """The largest fraction of the requests (with a known worker, id >= 0) that one worker got."""
     known = worker[worker >= 0].astype(np.int64)
     return float(np.bincount(known).max() / len(known)) if len(known) else math.nan
+
+
+def warmup_requests(provenance: dict | None) -> int:
+    """How many of the first record ids were the client's warm-up (0 without a client)."""
+    client = ((provenance or {}).get("workload") or {}).get("client") or {}
+    return int(client.get("warmup_requests") or 0)
+
+
+def _summarize_artifact(records: pd.DataFrame, provenance: dict | None) -> dict:
+    """The scripts' definitions: today's on the timed requests, the hit rate over all of them."""
+    prov = dict(provenance or {})
+    k = warmup_requests(prov)
+    timed = records[records["id"].to_numpy() >= k]
+    prov["metric_definition"] = "artifact"
+    out = summarize(timed, prov)
+    failed = records["failed"].to_numpy(dtype=bool) if "failed" in records else np.zeros(len(records), bool)
+    served = records[~failed]
+    prompt = int(served["prompt_tokens"].sum())
+    hit = int(served["cached_tokens"].sum()) / prompt if prompt else math.nan
+    out["hit_rate"] = float(f"{hit:.12g}") if isinstance(hit, float) else hit
+    out["num_requests"] = int(len(records))
+    out["num_failed"] = int(failed.sum())
+    return out

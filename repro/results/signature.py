@@ -34,7 +34,12 @@ NON_RESULT_KEYS: frozenset[str] = frozenset(
 
 def signature_payload(cfg: Mapping[str, Any]) -> dict:
     cfg = to_plain(cfg)
-    return {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    out = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    # protocol=text (the default, conf/protocol/text.yaml) sets nothing else: today's cells keep
+    # their signatures; any other protocol is part of its cells' signatures
+    if isinstance(out.get("protocol"), Mapping) and out["protocol"].get("name") == "text":
+        del out["protocol"]
+    return out
 
 
 def run_signature(cfg: Mapping[str, Any], length: int = 12) -> str:

@@ -35,6 +35,7 @@ GC_YOUNG_THRESHOLD = 50_000  # allocations between young-generation collections 
 
 if TYPE_CHECKING:  # pragma: no cover
     from repro.routing.base import Router
+    from repro.workloads.clients import Client
     from repro.workloads.request import Request
 
 
@@ -67,18 +68,23 @@ class SimCluster:
         eviction_policy: str,
         router_seed: int,
         observer: Observer | None = None,
+        client: "Client | None" = None,
     ):
         if not caches:
             raise ValueError("need at least one worker")
         if not requests:
             raise ValueError("no requests to simulate")
-        self.table = RequestTable(requests)
+        # a client (repro.workloads.clients) decides the sends; `requests` is then what it may send
+        self.client = client
+        self.table = RequestTable(requests if client is None else ())
         self.timings = SimTimings()
         self.workers = [
             SimWorker(w, cache, cost_model, scheduler, self.table, eviction_policy, self.timings, observer)
             for w, cache in enumerate(caches)
         ]
         self.views = [SimWorkerView(w) for w in self.workers]
+        if client is not None and scheduler.exact_budgets:  # the workers' own check sees an empty table
+            _check_fits(requests, self.workers[0])
         self.router = router
         self.router_seed = router_seed
         self._ran = False
@@ -106,7 +112,12 @@ class SimCluster:
         n = table.n
         m = len(workers)
         inf = math.inf
-        arrival = table.arrival_s + [inf]  # sentinel: no bounds checks in the loop
+        client = self.client
+        if client is None:
+            arrival = table.arrival_s + [inf]  # sentinel: no bounds checks in the loop
+        else:  # arrival[:ai]: the sent requests' times; arrival[ai:-1]: open send slots
+            arrival = [*client.start(), inf]
+            n = client.expected_requests
         heap: list[tuple[float, int, int]] = []
         seq = 0
         ai = 0
@@ -114,7 +125,8 @@ class SimCluster:
         report_every = max(1, n // 100)
         next_report = report_every
         kick: list[int] = []
-        next_sample = sampler.start(views, arrival[0], arrival[n - 1]) if sampler is not None else inf
+        last = arrival[n - 1] if client is None else max(arrival[-2], arrival[0] + 1.0)  # a client's: a hint
+        next_sample = sampler.start(views, arrival[0], last) if sampler is not None else inf
         while True:
             ta = arrival[ai]
             if heap and heap[0][0] <= ta:
@@ -133,36 +145,43 @@ class SimCluster:
                         t0 = perf_counter_ns()
                         complete(req, w, finish[i] - a, first[i] - a, cached[i], now)
                         tm.complete_ns += perf_counter_ns() - t0
+                        if client is not None:
+                            _open_slots(arrival, client.on_complete(req, now), now)
                     tm.complete_calls += len(done)
                     n_done += len(done)
                     if progress is not None and n_done >= next_report:
-                        progress(n_done / n)
+                        progress(min(1.0, n_done / n))
                         next_report = n_done + report_every
             elif ta < inf:
                 now = ta
                 if now >= next_sample:
                     next_sample = sampler.sample(now)
                 i = ai
-                ai += 1
-                req = reqs[i]
-                offer_request_key(req, table.key(i))  # built once, here: routers and workers share it
-                if uses_text:  # the workload's text, made outside the routing time
-                    offer_request_text(req, req.text)
-                t0 = perf_counter_ns()
-                w = select(req, views, now)
-                tm.route_ns += perf_counter_ns() - t0
-                tm.route_calls += 1
-                if w.__class__ is not int:
-                    w = _as_worker_id(w, m)
-                elif not 0 <= w < m:
-                    raise ValueError(f"router returned worker {w!r}; valid ids are 0..{m - 1}")
-                table.worker[i] = w
-                worker = workers[w]
-                worker.enqueue(i)
-                if worker.busy:
-                    if not kick:
+                if client is not None and not _client_send(client, table, arrival, ai, now):
+                    if not kick:  # the slot found nothing to send (dropped)
                         continue
-                    w = -1  # nothing new to kick, but workers kicked earlier at `now` may be due
+                    w = -1  # workers kicked earlier at `now` may be due
+                else:
+                    ai += 1
+                    req = reqs[i]
+                    offer_request_key(req, table.key(i))  # built once, here: routers and workers share it
+                    if uses_text:  # the workload's text, made outside the routing time
+                        offer_request_text(req, req.text)
+                    t0 = perf_counter_ns()
+                    w = select(req, views, now)
+                    tm.route_ns += perf_counter_ns() - t0
+                    tm.route_calls += 1
+                    if w.__class__ is not int:
+                        w = _as_worker_id(w, m)
+                    elif not 0 <= w < m:
+                        raise ValueError(f"router returned worker {w!r}; valid ids are 0..{m - 1}")
+                    table.worker[i] = w
+                    worker = workers[w]
+                    worker.enqueue(i)
+                    if worker.busy:
+                        if not kick:
+                            continue
+                        w = -1  # nothing new to kick, but workers kicked earlier at `now` may be due
             else:
                 break
             # worker w (unless -1) may start a step once every event at `now` is applied
@@ -188,6 +207,7 @@ class SimCluster:
                         seq += 1
             elif w >= 0:
                 kick.append(w)
+        n = table.n
         if n_done != n:  # cannot happen unless a component broke its contract
             stuck = [i for i in range(n) if math.isnan(table.finish_s[i])][:5]
             raise RuntimeError(f"simulation ended with {n - n_done} unfinished requests, e.g. {stuck}")
@@ -324,3 +344,63 @@ def _as_worker_id(w: Any, m: int) -> int:
     if not 0 <= w < m:
         raise ValueError(f"router returned worker {w}; valid ids are 0..{m - 1}")
     return w
+
+
+# --------------------------------------------------------------------------- a client's sends
+def _client_send(client: "Client", table: RequestTable, arrival: list[float], ai: int, now: float) -> bool:
+    """Ask the client what slot `ai` sends; False (slot dropped) when it has nothing left."""
+    req = client.send(now, ai)
+    if req is None:
+        del arrival[ai]
+        return False
+    if req.id != ai or req.arrival_s != now:
+        raise ValueError(f"client sent request id {req.id} at {req.arrival_s}; expected id {ai} at {now}")
+    _append(table, req)
+    return True
+
+
+def _open_slots(arrival: list[float], times: Sequence[float], now: float) -> None:
+    """Insert a completion's new send slots before the sentinel (they come in time order)."""
+    for t in times:
+        if not (t >= now and (len(arrival) < 2 or t >= arrival[-2])):
+            raise ValueError(f"client opened a send slot at {t}, before now ({now}) or an open slot")
+        arrival.insert(len(arrival) - 1, t)
+
+
+_PER_REQUEST_DEFAULTS = {
+    "prompt_key": b"",
+    "worker": -1,
+    "prefill_start_s": math.nan,
+    "first_token_s": math.nan,
+    "finish_s": math.nan,
+    "cached_tokens": 0,
+    "compute_start": 0,
+    "compute_len": 0,
+    "prefilled": 0,
+    "lock_node": None,
+    "est_hit": 0,
+    "peek_len": 0,
+    "peek_version": -1,
+}
+
+
+def _append(table: RequestTable, req: "Request") -> None:
+    """One more request at the end of the table (every per-request list grows in place: workers hold them)."""
+    table.requests.append(req)
+    table.arrival_s.append(float(req.arrival_s))
+    table.prompt_len.append(int(req.prompt_len))
+    table.output_len.append(int(req.output_len))
+    for name, default in _PER_REQUEST_DEFAULTS.items():
+        getattr(table, name).append(default)
+    table.n += 1
+
+
+def _check_fits(requests: Sequence["Request"], worker: SimWorker) -> None:
+    """The workers' exact-budget admission check, over what the client may send."""
+    worst = max(requests, key=lambda r: r.prompt_len + r.output_len)
+    if worst.prompt_len + worst.output_len > worker.max_request_kv_tokens:
+        raise ValueError(
+            f"request {worst.id} needs {worst.prompt_len} prompt + {worst.output_len} output tokens; with "
+            f"scheduler.exact_budgets SGLang admits a request only when that + 2 <= the worker's KV capacity "
+            f"({worker.capacity} tokens)"
+        )

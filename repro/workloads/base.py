@@ -39,6 +39,7 @@ from repro.workloads.tokenizer import make_tokenizer
 log = logging.getLogger(__name__)
 
 ORDERS = ("random", "round_robin")
+VARIANTS = ("text", "artifact")  # artifact: as the authors' scripts generate it (protocol=artifact, artifact.py)
 SOURCES = ("auto", "real", "synthetic")
 TOKENIZER_KINDS = ("llama3", "builtin", "hf")
 
@@ -103,6 +104,8 @@ class Workload:
     provenance: dict
     cache_hit: bool = field(default=False, compare=False)  # not provenance: never affects results
     cache_file: str | None = field(default=None, compare=False)
+    # a client that sends `requests` as completions come back (repro.workloads.clients; artifact variants)
+    client: Any = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -209,6 +212,7 @@ class WorkloadSpec:
     DEFAULTS: dict[str, Any] = {}
     SOURCES: tuple[str, ...] = SOURCES
     STAND_IN_DEFAULTS: dict[str, Any] | None = None
+    ARTIFACT_DEFAULTS: dict[str, Any] | None = None  # the authors' script settings; None: no artifact variant
     ORDERS: tuple[str, ...] = ORDERS
     # a trace workload may leave these to its data (null): mooncake.py
     NUM_QUERIES_OPTIONAL = RATE_OPTIONAL = OUTPUT_LEN_OPTIONAL = False
@@ -218,6 +222,7 @@ class WorkloadSpec:
         cfg = {k: copy.deepcopy(to_plain(v)) for k, v in cfg.items()}
         cfg.pop("_target_", None)
         given_name = cfg.pop("name", self.name)
+        variant, artifact = cfg.pop("variant", "text"), cfg.pop("artifact", None)
         merged: dict[str, Any] = copy.deepcopy(COMMON_DEFAULTS)
         merged.update(copy.deepcopy(self.DEFAULTS))
         p = _Problems()
@@ -247,15 +252,40 @@ class WorkloadSpec:
                 p.add(f"unknown stand_in key(s) {', '.join(bad)}; allowed: {', '.join(sorted(st))}")
             st.update({k: v for k, v in given.items() if k in st})
             merged["stand_in"] = st
+        # the text variant adds no key: today's configs, pools and provenance stay as they were
+        if variant == "artifact" and self.ARTIFACT_DEFAULTS is None:
+            p.add(f"workload {self.name!r} has no artifact variant (protocol=artifact covers the paper's workloads)")
+        elif variant == "artifact":
+            art = copy.deepcopy(self.ARTIFACT_DEFAULTS)
+            given = artifact or {}
+            if not isinstance(given, Mapping):
+                p.add(f"artifact must be a mapping, got {given!r}")
+                given = {}
+            bad = sorted(set(given) - set(art))
+            if bad:
+                p.add(f"unknown artifact key(s) {', '.join(bad)}; allowed: {', '.join(sorted(art))}")
+            art.update({k: v for k, v in given.items() if k in art})
+            merged["variant"], merged["artifact"] = "artifact", art
+        elif variant != "text":
+            p.add(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        elif artifact is not None:
+            p.add("artifact settings are given but variant is text (protocol=artifact sets both)")
         self.cfg: dict[str, Any] = merged
         self._validate_common(p)
-        self.validate(p)
+        if self.is_artifact:
+            self.validate_artifact(p)
+        else:
+            self.validate(p)
         p.raise_if_any(self.name)
+
+    @property
+    def is_artifact(self) -> bool:
+        return self.cfg.get("variant") == "artifact"
 
     # -- validation ------------------------------------------------------------------
     def _validate_common(self, p: _Problems) -> None:
         c = self.cfg
-        p.int_(c, "num_queries", 1, allow_none=self.NUM_QUERIES_OPTIONAL)
+        p.int_(c, "num_queries", 1, allow_none=self.NUM_QUERIES_OPTIONAL or self.is_artifact)
         p.float_(c, "request_rate", lo=0.0, lo_open=True, allow_inf=True, allow_none=self.RATE_OPTIONAL)
         p.choice(c, "order", self.ORDERS)
         p.int_(c, "output_len", 1, allow_none=self.OUTPUT_LEN_OPTIONAL)
@@ -280,6 +310,21 @@ class WorkloadSpec:
 
     def validate(self, p: _Problems) -> None:
         """Workload-specific checks (add problems to `p`)."""
+
+    def validate_artifact(self, p: _Problems) -> None:
+        """Checks of `cfg["artifact"]` (variant artifact; the text-only keys are then not used)."""
+
+    def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        raise NotImplementedError
+
+    def artifact_requests(self, pool: Pool, seed: int) -> tuple[list[Request], Any]:
+        """(the requests the client may send, the client plan) of the artifact variant."""
+        raise NotImplementedError
+
+    def data_seed(self, seed: int) -> int:
+        """The seed a pool is made from: the artifact's fixed one (their scripts' --seed) if set."""
+        s = self.cfg["artifact"].get("seed") if self.is_artifact else None
+        return int(seed) if s is None else int(s)
 
     # -- data ------------------------------------------------------------------------
     def resolve_data(self) -> DataSource:
@@ -322,7 +367,7 @@ class WorkloadSpec:
                 else:
                     _remember_pool(path, pool)
                     return pool, True, path
-        pool = self.make_pool(seed, tokenizer, data)
+        pool = (self.make_artifact_pool if self.is_artifact else self.make_pool)(seed, tokenizer, data)
         pool.provenance.update(data.provenance())
         pool.provenance["tokenizer"] = tokenizer.describe()
         if use_cache and path is not None:
@@ -334,9 +379,13 @@ class WorkloadSpec:
         return pool, False, path
 
     def build(self, seed: int, use_cache: bool = True) -> Workload:
+        client = None
         with _gc_paused():
-            pool, hit, path = self.load_or_make_pool(seed, use_cache=use_cache)
-            requests = self.materialize(pool, seed)
+            pool, hit, path = self.load_or_make_pool(self.data_seed(seed), use_cache=use_cache)
+            if self.is_artifact:
+                requests, client = self.artifact_requests(pool, seed)
+            else:
+                requests = self.materialize(pool, seed)
         prov = dict(pool.provenance)
         prov.update(
             {
@@ -348,7 +397,9 @@ class WorkloadSpec:
                 "config": copy.deepcopy(self.cfg),
             }
         )
-        return Workload(self.name, requests, prov, cache_hit=hit, cache_file=str(path) if path else None)
+        if client is not None:
+            prov["client"] = client.describe()
+        return Workload(self.name, requests, prov, cache_hit=hit, cache_file=str(path) if path else None, client=client)
 
     def materialize(self, pool: Pool, seed: int) -> list[Request]:
         n_avail = len(pool)
@@ -494,4 +545,11 @@ def build_workload(workload_cfg: Mapping, seed: int, *, use_cache: bool = True) 
         hit = wl.cache_hit
     else:
         hit = True  # not built again
-    return Workload(wl.name, list(wl.requests), copy.deepcopy(wl.provenance), cache_hit=hit, cache_file=wl.cache_file)
+    return Workload(
+        wl.name,
+        list(wl.requests),
+        copy.deepcopy(wl.provenance),
+        cache_hit=hit,
+        cache_file=wl.cache_file,
+        client=wl.client,
+    )

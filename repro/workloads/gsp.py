@@ -37,6 +37,7 @@ import math
 
 import numpy as np
 
+from repro.workloads import artifact
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadSpec, _Problems
 from repro.workloads.pool import PieceTexts, Pool, PoolBuilder
@@ -62,6 +63,17 @@ class GSPWorkload(WorkloadSpec):
         "system_prompt_len_range": [1024, 3072],
         "shared_prefix_ratio": None,
     }
+
+    ARTIFACT_DEFAULTS = artifact.GSP_ARTIFACT_DEFAULTS  # bench_serving as gsp.sh calls it (artifact.py)
+
+    def validate_artifact(self, p: _Problems) -> None:
+        artifact.validate_gsp(p, self.cfg, self.DEFAULTS)
+
+    def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        return artifact.make_gsp_pool(self.cfg, seed, tokenizer)
+
+    def artifact_requests(self, pool: Pool, seed: int):
+        return artifact.gsp_requests(self.cfg, pool, seed)
 
     def validate(self, p: _Problems) -> None:
         c = self.cfg

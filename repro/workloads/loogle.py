@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 
 from repro.workloads import cache as _cache
+from repro.workloads import artifact_loogle
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems, default_data_dir
 from repro.workloads.chat import ChatCounters, Turn, add_conversation, message_texts
@@ -94,6 +95,32 @@ class LooGLEWorkload(WorkloadSpec):
         st = self.cfg["stand_in"]
         for k in self.STAND_IN_DEFAULTS:
             p.int_range(st, k, minimum=1)
+
+    ARTIFACT_DEFAULTS = artifact_loogle.LOOGLE_ARTIFACT_DEFAULTS  # long.py as long.sh calls it
+
+    def validate_artifact(self, p: _Problems) -> None:
+        self.validate(p)
+        artifact_loogle.validate_loogle(p, self.cfg)
+
+    def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        a = self.cfg["artifact"]
+        rng = component_rng(seed, "loogle.artifact.sample")
+        if data.kind == "real":
+            docs, stats = self._read_real(data.path)
+            if not docs:
+                raise WorkloadError(f"workload 'loogle': no document with questions in {data.path} ({stats})")
+            prov = {k: stats[k] for k in ("rows_read", "malformed_rows")}
+            prov["usable_documents"] = len(docs)
+        else:
+            stream = self._stand_in_docs(component_rng(seed, "loogle.artifact.stand_in"), tokenizer)
+            docs = [(doc, qas) for doc, qas, _ in (next(stream) for _ in range(a["stand_in_documents"]))]
+            prov = {"rows_read": 0, "malformed_rows": 0, "stand_in": dict(self.cfg["stand_in"])}
+        return artifact_loogle.make_loogle_pool(
+            self.cfg, artifact_loogle.choose_documents(docs, a, rng), tokenizer, prov
+        )
+
+    def artifact_requests(self, pool: Pool, seed: int):
+        return artifact_loogle.loogle_requests(self.cfg, pool, seed)
 
     def _path(self) -> Path:
         if self.cfg["path"] is not None:

@@ -96,6 +96,22 @@ class Request:
         s(r, "_q", q)
         return r  # output_len is len(generated_tokens) by construction
 
+    def resent(self, id: int, arrival_s: float) -> "Request":
+        """The same request sent again as request `id` at `arrival_s` (clients.py); pool-backed stays pool-backed."""
+        if self._pool is not None:
+            return Request.from_pool(self._pool, self._q, id, arrival_s, self.generated_tokens)
+        return Request(
+            id,
+            arrival_s,
+            self._prompt,
+            self.output_len,
+            self.generated_tokens,
+            self.group_id,
+            self.conversation_id,
+            self.turn,
+            self._text,
+        )
+
     def _check(self) -> None:
         if len(self.generated_tokens) != self.output_len:
             raise ValueError(

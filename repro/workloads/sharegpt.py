@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.workloads import cache as _cache
+from repro.workloads import artifact_chat
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems
 from repro.workloads.chat import ChatCounters, Turn, add_conversation, conversation_texts
@@ -66,9 +67,23 @@ class ShareGPTWorkload(WorkloadSpec):
     SOURCES = ("auto", "real")  # the real file ships with the package: no stand-in
     DEFAULTS = {"max_context_len": 16384, "min_tokens": 4, "max_turns": None}
 
+    ARTIFACT_DEFAULTS = artifact_chat.CHAT_ARTIFACT_DEFAULTS  # multi-turn.py (artifact_chat.py)
+
     def validate(self, p: _Problems) -> None:
         p.int_(self.cfg, "min_tokens", 0)
         p.int_(self.cfg, "max_turns", 1, allow_none=True)
+
+    def validate_artifact(self, p: _Problems) -> None:
+        artifact_chat.validate_chat(p, self.cfg)
+
+    def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        read = read_json_array(data.path)
+        picked = artifact_chat.pick_conversations(artifact_chat.sharegpt_roles(read.rows), self.cfg["artifact"])
+        prov = {"rows_read": len(read.rows) + read.undecodable, "file_truncated": read.truncated}
+        return artifact_chat.make_chat_pool(self.cfg, tokenizer, picked, prov)
+
+    def artifact_requests(self, pool: Pool, seed: int):
+        return artifact_chat.chat_requests(self.cfg, pool, seed)
 
     def resolve_data(self) -> DataSource:
         if self.cfg["path"] is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.workloads import cache as _cache
+from repro.workloads import artifact_chat
 from repro.workloads.arrivals import component_rng
 from repro.workloads.base import DataSource, WorkloadError, WorkloadSpec, _Problems, default_data_dir
 from repro.workloads.chat import ChatCounters, Turn, add_conversation, message_texts, reply_text
@@ -78,6 +79,51 @@ class UltraChatWorkload(WorkloadSpec):
         p.float_(st, "mean_utterance_tokens", lo=1.0)
         p.float_(st, "utterance_len_sigma", lo=0.0)
         p.int_(st, "max_utterance_tokens", 1)
+
+    ARTIFACT_DEFAULTS = artifact_chat.CHAT_ARTIFACT_DEFAULTS  # multi-turn.py (artifact_chat.py)
+
+    def validate_artifact(self, p: _Problems) -> None:
+        artifact_chat.validate_chat(p, self.cfg)
+        self.validate(p)  # the stand-in's statistics are used too
+
+    def make_artifact_pool(self, seed: int, tokenizer, data: DataSource) -> Pool:
+        a = self.cfg["artifact"]
+        if data.kind == "real":
+            convs, stats = self._read_real(data.path)
+            roles = [[("user" if k % 2 == 0 else "assistant", m) for k, m in enumerate(c)] for c in convs]
+            prov = {k: v for k, v in stats.items() if k in ("rows_read", "malformed_rows")}
+        else:
+            roles = self._artifact_stand_in(seed, tokenizer, a)
+            prov = {"rows_read": 0, "malformed_rows": 0, "stand_in": dict(self.cfg["stand_in"])}
+        picked = artifact_chat.pick_conversations(roles, a)
+        return artifact_chat.make_chat_pool(self.cfg, tokenizer, picked, prov)
+
+    def _artifact_stand_in(self, seed: int, tokenizer, a: dict) -> list[list[tuple[str, str]]]:
+        """The stand-in's conversations in "file" order until num_clients have enough user turns;
+        text is drawn for those only (the others are never read)."""
+        st = self.cfg["stand_in"]
+        rng = component_rng(seed, "ultrachat.artifact.stand_in")
+        convs: list[list[tuple[str, str]]] = []
+        drawn = 0
+        while len(convs) < a["num_clients"]:
+            drawn += 1
+            if drawn > 10_000_000:
+                raise WorkloadError("workload 'ultrachat': the stand-in settings yield no long enough conversations")
+            n_turns = 1 + int(rng.poisson(st["mean_turns"] - 1.0))
+            if n_turns < a["min_user_turns"]:
+                continue
+            lens = lognormal_lengths(
+                rng, 2 * n_turns, st["mean_utterance_tokens"], st["utterance_len_sigma"], 1, st["max_utterance_tokens"]
+            )
+            conv = []
+            for k in range(2 * n_turns):
+                text, _ = words_segment(rng, int(lens[k]), tokenizer)
+                conv.append(("user" if k % 2 == 0 else "assistant", text[:-1]))
+            convs.append(conv)
+        return convs
+
+    def artifact_requests(self, pool: Pool, seed: int):
+        return artifact_chat.chat_requests(self.cfg, pool, seed)
 
     def _path(self) -> Path:
         if self.cfg["path"] is not None:
