@@ -79,6 +79,7 @@ class GridComposer:
         self.config_name = config_name
         self._bases: dict[tuple[str, ...], tuple[DictConfig, dict]] = {}
         self._repos: dict[tuple[str, ...], Any] = {}
+        self._params: dict[tuple[str, ...], dict | None] = {}  # hydra.sweeper.params of each base
 
     def _compose(self, overrides: Sequence[str], with_hydra: bool) -> DictConfig:
         from hydra import compose
@@ -102,6 +103,9 @@ class GridComposer:
         if structural not in self._bases:
             full = self._compose(structural, with_hydra=True)
             choices = {str(k): v for k, v in full.hydra.runtime.choices.items()}
+            sp = full.hydra.sweeper.get("params")
+            params = OmegaConf.to_container(sp, resolve=True) if sp is not None else None
+            self._params[structural] = params if isinstance(params, dict) else None
             with open_dict(full):
                 del full["hydra"]  # as hydra.compose does; values never touch it
             self._bases[structural] = (full, choices)
@@ -111,6 +115,11 @@ class GridComposer:
         """(config, group choices) of group-only overrides (`exp=NAME`): what an experiment sets
         before the command line's values (repro.harness.naming compares against it)."""
         return self._base(tuple(overrides))
+
+    def sweep_params(self, overrides: Sequence[str]) -> dict | None:
+        """The resolved hydra.sweeper.params these overrides compose (an experiment's own grid)."""
+        self._base(tuple(overrides))
+        return self._params.get(tuple(overrides))
 
     def missing_system_knobs(self, overrides: Sequence[str]) -> list[str]:
         """The `router.<key>=` / `eviction.<key>=` overrides naming a key the router or eviction

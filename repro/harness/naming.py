@@ -14,6 +14,8 @@ per changed key, sorted by key (so the order on the command line does not matter
   `kv16384`, `rate24,28`, `sharegpt` (a config group shows its option only), `generation-le_0_2_3`,
   `no-decay_interval_s` for `~key`. Numbers are written plainly (8.0 -> 8). Characters other than
   letters, digits, `.`, `_`, `-` and `,` become `_`;
+- `hydra.sweeper.params.<key>=` (a changed grid): the values the grid gained over the experiment's
+  own, e.g. `+mine_lru` for `hydra.sweeper.params.policy=${systems:mine_lru}`;
 - a name longer than MAX_PARTS_CHARS keeps its first parts and ends in `+h<8 hex>` of the full
   text, so it stays short, unique and the same for the same command line.
 
@@ -118,11 +120,16 @@ def experiment_of(overrides: Sequence[str]) -> str | None:
     return None
 
 
+def _named_by_user(overrides: Sequence[str]) -> bool:
+    return any(text.partition("=")[0].lstrip("+~") in NAMED_BY_USER for text in overrides)
+
+
 def changes(
     params: Mapping[str, Any] | None,
     overrides: Sequence[str],
     baseline: Callable[[str, bool], str | None] | None = None,
     exempt: Sequence[str] = EXEMPT_KEYS,
+    original_params: Mapping[str, Any] | None = None,
 ) -> list[Change]:
     """The command-line overrides that change the experiment's setting (see the module docstring).
     `baseline(key, is_group)`: the experiment's own value (canonical text) of a key it does not
@@ -130,11 +137,24 @@ def changes(
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    swept: dict[str, set[str]] = {}
-    for key, value in (params or {}).items():
-        (ov,) = parser.parse_overrides([f"{key}={value}"])
-        swept[str(key).lstrip("+")] = set(_values(ov))
+
+    def sweep_values(p: Mapping[str, Any] | None) -> dict[str, set[str]]:
+        found = {}
+        for key, value in (p or {}).items():
+            (ov,) = parser.parse_overrides([f"{key}={value}"])
+            found[str(key).lstrip("+")] = set(_values(ov))
+        return found
+
+    swept = sweep_values(params)
     out: dict[str, Change] = {}
+    if original_params is not None:
+        # the grid itself changed (`hydra.sweeper.params.policy=${systems:mine_lru}`): the values it
+        # gained over the experiment's own grid name the folder
+        own = sweep_values(original_params)
+        for k, now in swept.items():
+            gained = now - own.get(k, set())
+            if gained and not _exempt(k, (*_NOT_SETTINGS, *exempt)):
+                out[k] = Change(k, tuple(sorted(gained)), group="." not in k)
     for text in overrides:
         (ov,) = parser.parse_overrides([text])
         key = ov.key_or_group.lstrip("+~")
@@ -179,15 +199,16 @@ def derived_exp_name(
     overrides: Sequence[str],
     baseline: Callable[[str, bool], str | None] | None = None,
     exempt: Sequence[str] = EXEMPT_KEYS,
+    original_params: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The override run's folder name, or None: no project experiment, the user named the folder
     (exp_name= / results_dir=), or nothing result-affecting changed."""
     exp = experiment_of(overrides)
     if not is_project_experiment(exp):
         return None
-    if any(text.partition("=")[0].lstrip("+~") in NAMED_BY_USER for text in overrides):
+    if _named_by_user(overrides):
         return None
-    found = changes(params, overrides, baseline, exempt)
+    found = changes(params, overrides, baseline, exempt, original_params)
     return folder_name(str(exp), found) if found else None
 
 
@@ -227,7 +248,12 @@ def with_derived_name(params: Mapping[str, Any] | None, overrides: Sequence[str]
     """`overrides` + `exp_name='<derived>'` for an override run (and a line on stderr saying so)."""
     import sys
 
-    name = derived_exp_name(params, overrides, composer_baseline(compose_fn, overrides))
+    original = None
+    exp = experiment_of(overrides)
+    own_params = getattr(compose_fn, "sweep_params", None)
+    if is_project_experiment(exp) and own_params is not None and not _named_by_user(overrides):
+        original = own_params([f"exp={exp}"])  # hydra.sweeper.params.<key>= may have changed the grid
+    name = derived_exp_name(params, overrides, composer_baseline(compose_fn, overrides), original_params=original)
     if name is None:
         return list(overrides)
     print(

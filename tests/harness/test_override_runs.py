@@ -133,3 +133,9 @@ def test_dry_run_tells_will_copy_from_will_run(tmp_path, monkeypatch, capsys):
     assert "4 to run: 1 will-copy (from a finished twin), 3 will-run" in out
     assert run_inprocess(tmp_path, *one, "--dry-run", monkeypatch=monkeypatch) == 0
     assert "  fresh  " in capsys.readouterr().out
+
+
+def test_a_grid_changed_through_hydra_sweeper_params_gets_its_own_folder():
+    grown = {**FIG5, "policy": "a,b,lbgr_rlt,mine_lru"}
+    assert name(params=grown, original_params=FIG5) == "fig5_request_rate+mine_lru"
+    assert name(params={**FIG5, "policy": "a,b"}, original_params=FIG5) is None  # fewer systems: a subset
