@@ -239,6 +239,17 @@ def composer_baseline(compose_fn: Any, overrides: Sequence[str]) -> Callable[[st
     return lookup
 
 
+def _grid_overridden() -> bool:
+    """Does the running Hydra app's command line set hydra.sweeper.params.<key>? (True when no app
+    runs: the caller then pays one more composition to find out.)"""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return True
+    hydra_overrides = HydraConfig.get().overrides.hydra
+    return any(str(o).lstrip("+~").startswith("hydra.sweeper.params") for o in hydra_overrides)
+
+
 def quoted_override(key: str, value: str) -> str:
     """`key='value'`: Hydra reads the derived name (with its `,` and `+`) as one string."""
     return f"{key}='{value}'"
@@ -251,8 +262,8 @@ def with_derived_name(params: Mapping[str, Any] | None, overrides: Sequence[str]
     original = None
     exp = experiment_of(overrides)
     own_params = getattr(compose_fn, "sweep_params", None)
-    if is_project_experiment(exp) and own_params is not None and not _named_by_user(overrides):
-        original = own_params([f"exp={exp}"])  # hydra.sweeper.params.<key>= may have changed the grid
+    if is_project_experiment(exp) and own_params is not None and not _named_by_user(overrides) and _grid_overridden():
+        original = own_params([f"exp={exp}"])  # hydra.sweeper.params.<key>= changed the grid
     name = derived_exp_name(params, overrides, composer_baseline(compose_fn, overrides), original_params=original)
     if name is None:
         return list(overrides)
