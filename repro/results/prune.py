@@ -9,12 +9,15 @@
   written into the paper's folder. Only for experiments whose grids are given (`grids`); the
   folders of the user's own exp_name and of override runs have no grid to compare with;
 - an experiment folder left empty.
-Dry by default: the caller lists them; `remove` deletes. Never follows a link out of the tree.
+Only folders named like a signature (12 hex digits) are cells; anything else in an experiment
+folder is left alone (and keeps the folder). Dry by default: the caller lists them; `remove`
+deletes. Never follows a link out of the tree.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +38,13 @@ class Prunable:
     why: str = ""
 
 
+_SIGNATURE = re.compile(r"^[0-9a-f]{12}$")  # repro.results.signature: 12 hex digits
+
+
 def _cells(exp_dir: Path) -> list[Path]:
+    """The cell folders (named like a signature; anything else is not ours to judge)."""
     return sorted(
-        Path(e.path) for e in os.scandir(exp_dir) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        Path(e.path) for e in os.scandir(exp_dir) if e.is_dir(follow_symlinks=False) and _SIGNATURE.match(e.name)
     )
 
 
@@ -72,15 +79,10 @@ def scan(root: str | Path, exps: list[str], grids: Mapping[str, set[str]] | None
                         "holds " + (", ".join(held[:4]) or "nothing") + (" ..." if len(held) > 4 else ""),
                     )
                 )
-        if kept == 0 and not any(e.name.startswith(".") for e in os.scandir(exp_dir)):
+        others = [e for e in os.scandir(exp_dir) if not _SIGNATURE.match(e.name)]  # hidden files, notes: kept
+        if kept == 0 and not others:
             out.append(Prunable(exp_dir, "empty experiment folder", "no finished cell left"))
     return out
-
-
-def unfinished_count(root: str | Path, exp: str) -> int:
-    """Folders of root/<exp>/ without summary.json (unfinished or failed): what status counts."""
-    exp_dir = Path(root) / exp
-    return sum(1 for d in _cells(exp_dir) if not CellStore.at(d).is_finished()) if exp_dir.is_dir() else 0
 
 
 def remove(found: list[Prunable]) -> int:

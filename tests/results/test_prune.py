@@ -27,6 +27,7 @@ def _tree(tmp_path: Path) -> Path:
     (fig5 / "bbbbbbbbbbbb").mkdir()
     (fig5 / "bbbbbbbbbbbb" / "error.txt").write_text("Traceback ...\n")
     (fig5 / "cccccccccccc").mkdir()  # being computed: its lock is held
+    (fig5 / "notes").mkdir()  # not named like a signature: not a cell, never touched
     mine = root / "fig5_request_rate+kv16384" / "dddddddddddd"
     (mine / "wandb").mkdir(parents=True)
     return root
@@ -47,7 +48,7 @@ def test_prune_is_dry_by_default_and_deletes_with_yes(tmp_path, capsys):
         assert "dry run" in out and "--yes" in out
         assert main(["prune", "--yes", "--results-dir", str(root), "fig5_request_rate",
                      "fig5_request_rate+kv16384"]) == 0
-        assert sorted(p.name for p in fig5.iterdir()) == sorted([sig, "cccccccccccc"])
+        assert sorted(p.name for p in fig5.iterdir()) == sorted([sig, "cccccccccccc", "notes"])
         assert not (root / "fig5_request_rate+kv16384").exists()
     finally:
         lock.release()
@@ -58,7 +59,7 @@ def test_scan_without_grids_keeps_every_finished_cell(tmp_path):
     found = scan(root, ["fig5_request_rate"], grids=None)
     assert {p.kind for p in found} == {"unfinished", "failed"}  # the lock-less "cccc..." folder included
     assert {p.path.name for p in found} == {"aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"}
-    assert remove(found) == 3 and len(list((root / "fig5_request_rate").iterdir())) == 2
+    assert remove(found) == 3 and len(list((root / "fig5_request_rate").iterdir())) == 3
 
 
 def test_inverse_search_cells_are_never_called_foreign(tmp_path):
