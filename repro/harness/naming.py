@@ -108,8 +108,15 @@ def _exempt(key: str, exempt: Sequence[str]) -> bool:
     return any(key == k or key.startswith((k + ".", k + "/")) for k in exempt)
 
 
+# Project experiments whose folder is no paper grid: the live CPU demo (run with overrides by
+# design) and the inverse search (its folder holds the cells its trials drew).
+NOT_PAPER_FOLDERS = ("live_cpu_gsp", "inverse_search")
+
+
 def is_project_experiment(name: str | None) -> bool:
-    return bool(name) and (CONF_DIR / "exp" / f"{name}.yaml").is_file()
+    """An experiment of the project's conf/exp/ whose folder holds its grid (the paper's and the
+    beyond-the-paper ones: fig*, tab*, thm_competitive_ratio, regime_map, load_ladder, ...)."""
+    return bool(name) and name not in NOT_PAPER_FOLDERS and (CONF_DIR / "exp" / f"{name}.yaml").is_file()
 
 
 def experiment_of(overrides: Sequence[str]) -> str | None:

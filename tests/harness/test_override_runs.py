@@ -44,6 +44,7 @@ def test_a_folder_the_user_names_wins_and_only_project_experiments_are_renamed()
     assert name("cluster.kv_cache_tokens=16384", "results_dir=/tmp/x") is None
     assert derived_exp_name(None, ["exp=tiny", "cluster.kv_cache_tokens=4096"]) is None  # a test fixture
     assert derived_exp_name(None, ["cluster.kv_cache_tokens=4096"]) is None  # no experiment: adhoc
+    assert derived_exp_name(None, ["exp=live_cpu_gsp", "policy=lbgr_rlt"]) is None  # a demo, run with overrides
 
 
 def test_long_names_stay_short_unique_and_deterministic():
