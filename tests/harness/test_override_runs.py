@@ -140,3 +140,18 @@ def test_a_grid_changed_through_hydra_sweeper_params_gets_its_own_folder():
     grown = {**FIG5, "policy": "a,b,lbgr_rlt,mine_lru"}
     assert name(params=grown, original_params=FIG5) == "fig5_request_rate+mine_lru"
     assert name(params={**FIG5, "policy": "a,b"}, original_params=FIG5) is None  # fewer systems: a subset
+
+
+def test_minus_m_writes_the_same_folder_and_refuses_a_knob_some_system_lacks(tmp_path, monkeypatch, capsys):
+    one = ["+exp=fig5_request_rate", "cluster.kv_cache_tokens=16384", "policy=random_lru", "seed=0",
+           "workload.request_rate=4", "workload.num_queries=24", "tracking=disabled"]
+    assert run_inprocess(tmp_path, "-m", *one, monkeypatch=monkeypatch) == 0
+    assert len(list((tmp_path / "fig5_request_rate+kv16384+queries24").glob("*/summary.json"))) == 1
+    assert not (tmp_path / "fig5_request_rate").exists()
+    capsys.readouterr()
+    assert run_inprocess(tmp_path, *one, monkeypatch=monkeypatch) == 0  # the in-process grid: the same cell
+    assert "1 skipped" in capsys.readouterr().out
+    code = run_inprocess(tmp_path, "-m", "+exp=fig5_request_rate", "policy=random_lru,cache_aware_lru",
+                         "router.generation=le_0_2_3", "seed=0", "workload.request_rate=4", "tracking=disabled",
+                         monkeypatch=monkeypatch)
+    assert code == 2 and "is no knob of cell 0 [policy=random_lru]" in capsys.readouterr().err
