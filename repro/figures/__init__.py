@@ -82,9 +82,13 @@ def render_artefact(name: str, results_dir, figures_dir) -> str | None:
 
     t0 = time.perf_counter()
     results_dir, figures_dir = Path(results_dir), Path(figures_dir)
+    from repro.figures import overrides
+
     try:
         if name in ARTEFACTS:
             paths = artefact(name).render(results_dir, figures_dir)
+        elif overrides.paper_of(name) is not None:  # an override run of a paper experiment
+            paths = overrides.render(name, results_dir, figures_dir)
         else:  # an experiment folder of no paper artefact: the user's own
             from repro.figures import generic
 
@@ -98,6 +102,10 @@ def render_artefact(name: str, results_dir, figures_dir) -> str | None:
 
         write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n")
     print(f"[render] {name}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    if name in ARTEFACTS:  # its override runs' figures go next to it (results/<name>+<changes>/)
+        found = [render_artefact(f, results_dir, figures_dir) for f in overrides.override_folders(results_dir, name)]
+        problems = [p for p in found if p is not None]
+        return "; ".join(problems) if problems else None
     return None
 
 

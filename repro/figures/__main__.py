@@ -3,7 +3,9 @@
 
 Default: render the named artefacts (all when none is named) from results/ only; a NAME that is no
 paper artefact but an experiment folder of --results-dir (your own exp_name) is drawn as a bar
-grid or a sweep strip picked from its cells (repro.figures.generic). Only a whole build (no NAME)
+grid or a sweep strip picked from its cells (repro.figures.generic); an override run's folder
+(results/<artefact>+<changes>/, repro.harness.naming) is drawn beside its artefact, in its layout, with
+a caption saying what differs from the paper's setting (repro.figures.overrides). Only a whole build (no NAME)
 whose artefacts all rendered then rewrites figures/claims.md, figures/README.md and REPRODUCE.md's
 generated blocks (claims are computed from all results; REPRODUCE.md only when rendering the
 repository's own results/, or the file given with --reproduce-md). --run-missing first runs the cells of every experiment whose results are missing or

@@ -1,6 +1,6 @@
 """Provenance sentences for captions, computed from the cells a figure or table shows.
 
-Every caption says: the backend (sim = this repository's discrete-event simulator, sglang =
+Every caption says: the backend, the workload(s) (sim = this repository's discrete-event simulator, sglang =
 real SGLang servers), the model (weight dtype, tensor parallelism) and GPU, the seeds (and
 that values are mean ± SD over them when there are several), any synthetic stand-in data
 (workload provenance `synthetic: true`), the tokenizer, and the ShareGPT truncation note
@@ -37,6 +37,14 @@ def backends(df: pd.DataFrame) -> list[str]:
     if not found and any(str(c).startswith("repro.theory") for c in _unique(df, "prov.code")):
         found = ["theory"]  # cells written by python -m repro.theory.competitive_ratio
     return [str(b) for b in found]
+
+
+def workloads_text(df: pd.DataFrame) -> str:
+    """ "workload: gsp" (every caption names its benchmark, issue 42)."""
+    names = [str(w) for w in _unique(df, "workload.name")]
+    if not names:
+        return ""
+    return ("workload: " if len(names) == 1 else "workloads: ") + ", ".join(names)
 
 
 def model_gpu(df: pd.DataFrame) -> str:
@@ -108,6 +116,9 @@ def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     b = backends(df)
     if b:
         parts.append("Backend: " + ", ".join(BACKEND_WORDS.get(x, x) for x in b))
+    wl = workloads_text(df)
+    if wl:
+        parts.append(wl)
     mg = model_gpu(df)
     if mg:
         parts.append("model/GPU: " + mg)

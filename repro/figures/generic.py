@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from repro.figures.knobs import knob_label, knob_name_unit
 from repro.figures.load import SEED, SYSTEM, ResultsError, _config_columns, _key, load_cells, require
 from repro.figures.perf import PerfFigure
 
@@ -35,15 +36,27 @@ def figure_for(exp: str, results_dir: str | Path) -> PerfFigure:
     if len(candidates) > 1:
         raise ResultsError(f"results/{exp}/: cannot pick one x axis, several fields vary within a system: {candidates}")
     x = candidates[0] if candidates else None
+    what = f"performance of the six systems vs {knob_name_unit(x)[0]}" if x else "performance of the six systems"
     return PerfFigure(
         name=exp,
         exp=exp,
-        title=f"{exp}: the six systems" + (f" vs {x}" if x else ""),  # counted
+        title=f"{what[0].upper()}{what[1:]} (results/{exp}/)",  # "six systems": counted
         kind="sweep" if x else "bars",
         facets=facets,
         x=x,
-        x_label=x or "",
+        x_label=knob_label(x) if x else "",
+        x_log=_log_base(df[x]) if x else 0,
     )
+
+
+def _log_base(values: pd.Series) -> int:
+    """2 for a sweep of powers of two spanning more than 8x (batch sizes, output lengths), else linear."""
+    import numpy as np
+
+    v = pd.to_numeric(values, errors="coerce").dropna().unique()
+    if len(v) < 2 or (v <= 0).any() or v.max() / v.min() <= 8:
+        return 0
+    return 2 if np.allclose(np.log2(v), np.round(np.log2(v))) else 0
 
 
 def render(exp: str, results_dir: str | Path, figures_dir: str | Path) -> list[Path]:

@@ -270,22 +270,31 @@ def check_poolable(df: pd.DataFrame, keys: Sequence[str], exp: str) -> None:
         group = _tuple(group)
         mask = np.logical_and.reduce([b.to_numpy() == g for b, g in zip(by, group)])
         g = df[mask]
-        where = dict(zip(keys, g[keys].iloc[0].tolist()))
+        where = ", ".join(f"{k}={_plain(v)}" for k, v in zip(keys, g[keys].iloc[0].tolist()))
         varying = (
             [c for c in cfg_cols if n_values.loc[group if len(group) > 1 else group[0], c] > 1] if cfg_cols else []
         )
         if SEED in g and g[SEED].duplicated().any():
             dups = g[g[SEED].duplicated(keep=False)]
+            values = "; ".join(f"{c}: {', '.join(sorted({str(_plain(v)) for v in dups[c].tolist()}))}" for c in varying)
             raise ResultsError(
-                f"results/{exp}/: cells {sorted(dups['signature'])} are the same point {where} and seed but differ "
-                f"in {varying or 'nothing shown'}: a stale cell from an older grid? Remove the folder(s) that the "
-                f"current conf/exp/{exp}.yaml does not produce (`python -m repro.run +exp={exp} --dry-run` lists "
-                f"its signatures)"
+                f"results/{exp}/: cells {sorted(dups['signature'])} are the same point ({where}) and seed but "
+                f"differ in {varying or 'nothing shown'}{f' ({values})' if values else ''}: two settings in one "
+                f"folder, e.g. a run with overrides written into the paper's folder (before override runs got "
+                f"their own), or a stale cell of an older grid. Keep each setting in a folder of its own: rerun the "
+                f"override with exp_name=NAME (or results_dir=DIR), move its cells out, and "
+                f"`python -m repro.results prune` lists the cells conf/exp/{exp}.yaml does not produce"
             )
         raise ResultsError(
             f"results/{exp}/: cells {sorted(g['signature'])} at {where} differ in {varying}, which this "
-            f"figure does not show; give such ablation rows their own policy_name"
+            f"figure does not show; give such ablation rows their own policy_name, or run them into a folder "
+            f"of their own (exp_name=NAME or results_dir=DIR)"
         )
+
+
+def _plain(v):
+    """A value as a plain Python number or text (4.0, not np.float64(4.0))."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def _tuple(group) -> tuple:

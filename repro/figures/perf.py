@@ -20,8 +20,8 @@ stays on the true x). Scales: the four latency / TTFT panels of one figure share
 rule — all logarithmic when the values of any of them span more than LOG_SPAN, else all
 linear — so a P50 and a P95 panel are never on different kinds of axis. Hit rate and
 throughput are linear from 0 with headroom above the largest value, and markers are not
-clipped at the panel edges. Log axes get 1-2-5 ticks, or 1..9 ticks when a panel spans less
-than a decade, so that every panel shows at least three labelled ticks.
+clipped at the panel edges. Log axes get 1-2-5 ticks, and 3, 4, 6-9 where a panel spans little,
+each only where its label keeps LABEL_GAP of the panel's height from the others (log_ticks).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from repro.figures import captions
+from repro.figures.knobs import knob_label
 from repro.figures.load import METRICS, SYSTEM, aggregate, load_cells, require
 from repro.figures.style import (
     LOG_METRICS,
@@ -114,19 +115,42 @@ def dodge_offsets(xs, n_systems: int, log_base: int = 0) -> np.ndarray:
     return centred * DODGE * step / max(n_systems - 1, 1) * 2
 
 
+LABEL_GAP = 0.12  # least distance between two labelled log ticks, as a fraction of the axis height
+_TICK_PRIORITY = (1, 2, 5, 3, 4, 6, 7, 8, 9)  # the mantissas tried first win a crowded axis
+
+
+def log_ticks(bottom: float, top: float, gap: float = LABEL_GAP) -> list[float]:
+    """Tick values for a log axis from `bottom` to `top`: mantissas 1, 2, 5 first, then 3, 4, 6-9,
+    each kept only if it lies at least `gap` of the axis height (in log space) from every tick
+    kept so far, so that no two labels overprint (fig13's 0.6 ... 1 did, issue 42)."""
+    import math
+
+    lo, hi = math.log10(bottom), math.log10(top)
+    span = hi - lo
+    kept: list[float] = []
+    for m in _TICK_PRIORITY:
+        for e in range(math.floor(lo) - 1, math.ceil(hi) + 1):
+            v = m * 10.0**e
+            lv = math.log10(v)
+            if lo <= lv <= hi and all(abs(lv - math.log10(k)) >= gap * span for k in kept):
+                kept.append(float(f"{v:.12g}"))
+    return sorted(kept)
+
+
 def log_axis(ax, lo: float | None = None, hi: float | None = None) -> None:
-    """Log y axis labelled in plain numbers: 1-2-5 ticks, 1..9 when the panel spans < a decade."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    """Log y axis labelled in plain numbers: 1-2-5 ticks, more (3, 4, 6-9) when the panel spans
+    little, never two labels closer than LABEL_GAP of the panel's height."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
     ax.set_yscale("log")
     narrow = lo is not None and hi is not None and lo > 0 and hi / lo < 10
-    subs = tuple(float(k) for k in range(1, 10)) if narrow else (1.0, 2.0, 5.0)
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"))
     ax.yaxis.set_minor_locator(NullLocator())  # no minor ticks: fewer labels to lay out
     if lo is not None and hi is not None and lo > 0:  # room above and below the extreme markers
         pad = 1.15 if narrow else 1.3
         ax.set_ylim(lo / pad, hi * pad)
+        ax.yaxis.set_major_locator(FixedLocator(log_ticks(lo / pad, hi * pad)))
 
 
 _NUMBER_WORDS = (
@@ -355,7 +379,7 @@ class PerfFigure:
             ax.set_xticks(ticks)
             ax.set_xticklabels([_fmt_x(t) for t in ticks], rotation=0)
             ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel(self.x_label)
+        ax.set_xlabel(self.x_label or knob_label(str(self.x)))
 
     def csv(self, agg: pd.DataFrame) -> str:
         cols = [c for c in agg.columns if c != "seeds"]

@@ -7,6 +7,9 @@
   out of argv (Hydra's run mode would reject them) and handed to the in-process grid, which
   combines them with the experiment's `hydra.sweeper.params` exactly as the basic sweeper
   would with `-m`.
+- Without `-m`, `router.<key>=` / `eviction.<key>=` overrides leave Hydra's argv too (unless a
+  flag like `--cfg` asks Hydra to print the config): the grid gives each to the cells whose system
+  has that key (repro.harness.knobs), while Hydra's own composition uses the default policy.
 - `--dry-run` (ours): list the cells, their signatures and which are finished; run nothing.
 """
 
@@ -32,6 +35,8 @@ _FLAGS_WITH_VALUE = {
 }
 _FLAGS_OPTIONAL_VALUE = {"--info", "-i"}  # `--info [config|defaults|...]`
 _MULTIRUN = {"-m", "--multirun"}
+# Hydra's inspection flags print the composed config themselves: it keeps every override then.
+_INSPECT = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--resolve"}
 DRY_RUN = "--dry-run"
 
 
@@ -90,11 +95,26 @@ def prepare_argv(argv: list[str]) -> PreparedArgv:
             out.append(tok)
         i += 1
 
+    if multirun:
+        # Hydra composes the sweep's own config with the default policy, which may lack a knob of
+        # the swept systems: `++` lets that composition pass; every job then has the key, and the
+        # grid check (repro.harness.callbacks) refuses a job whose system lacks it.
+        from repro.harness.knobs import system_knob
+
+        for p in overrides_pos:
+            if system_knob(out[p]):
+                out[p] = "++" + out[p]
     task = [out[p] for p in overrides_pos if not _is_hydra_override(out[p])]
     drop: set[str] = set()
     if not multirun:
         _, sweeps = split_sweep_overrides(task)
         drop = set(sweeps)
+        if not any(t in _INSPECT for t in out):
+            # router./eviction. knobs: the grid applies each to the systems that have it
+            # (repro.harness.knobs); Hydra's single composition (the default policy) may lack it
+            from repro.harness.knobs import system_knob
+
+            drop |= {t for t in task if system_knob(t)}
     # Flags first, then overrides: Hydra's argparse cannot take overrides on both sides of a
     # flag (`+exp=X --cfg job seed=1` would be "unrecognized arguments").
     pos = set(overrides_pos)

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +34,44 @@ class ValidateGridCallback(Callback):
         params = OmegaConf.to_container(params, resolve=True) if params is not None else None
         overrides = list(OmegaConf.select(config, "hydra.overrides.task") or [])
         config_name = OmegaConf.select(config, "hydra.job.config_name") or "config"
+        compose = hydra_compose(config_name)
         try:
-            cells = plan_cells(params, overrides, hydra_compose(config_name))
+            overrides = self._derived_name(config, params, overrides, compose)
+            cells = plan_cells(params, overrides, compose)
         except ConfigError as exc:
             # Hydra turns callback exceptions into warnings and goes on; stop the sweep here.
             print(f"repro.run: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        partial = [c for c in cells if c.not_applied]
+        if partial:
+            print(
+                f"repro.run: invalid configuration: with -m Hydra composes every job with every override, and "
+                f"{' '.join(partial[0].not_applied)} is no knob of cell {partial[0].index} [{partial[0].label}] "
+                f"({len(partial)} cell(s)); sweep policy= over the systems that have it, or drop -m (the in-process "
+                f"grid applies it where it exists). Nothing was launched.",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2)
         log.info("validated %d cell(s)", len(cells))
         from repro.harness.cell import begin_sweep
 
         begin_sweep()  # jobs run in this process (basic launcher): a failed W&B start is tried once
         self._multirun_start(cells)
+
+    @staticmethod
+    def _derived_name(config: DictConfig, params, overrides: list[str], compose) -> list[str]:
+        """An override run's own folder (repro.harness.naming): exp_name='<derived>' joins the task
+        overrides the sweeper is about to read, so every job writes there."""
+        from omegaconf import read_write
+
+        from repro.harness.naming import with_derived_name
+
+        new = with_derived_name(params, overrides, compose)
+        if len(new) > len(overrides):
+            with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+                config.hydra.overrides.task.append(new[-1])
+        return new
 
     # -- progress lines and the final table of -m runs (repro.harness.progress)
     def _multirun_start(self, cells) -> None:

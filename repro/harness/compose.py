@@ -13,6 +13,8 @@ from repro.results import run_signature
 
 
 _OPTIONAL_TOP_KEYS = ("theory", "local")
+SYSTEM_KNOB_PREFIXES = ("router.", "eviction.")  # knobs of one system's parts (repro.harness.knobs)
+_ABSENT = object()
 
 
 def resolve(cfg: DictConfig | Mapping) -> dict:
@@ -75,8 +77,9 @@ class GridComposer:
 
     def __init__(self, config_name: str):
         self.config_name = config_name
-        self._bases: dict[tuple[str, ...], tuple[DictConfig, frozenset]] = {}
+        self._bases: dict[tuple[str, ...], tuple[DictConfig, dict]] = {}
         self._repos: dict[tuple[str, ...], Any] = {}
+        self._params: dict[tuple[str, ...], dict | None] = {}  # hydra.sweeper.params of each base
 
     def _compose(self, overrides: Sequence[str], with_hydra: bool) -> DictConfig:
         from hydra import compose
@@ -94,6 +97,49 @@ class GridComposer:
                 repo = None
             self._repos[hydra_overrides] = repo
         return self._repos[hydra_overrides]
+
+    def _base(self, structural: tuple[str, ...]) -> tuple[DictConfig, dict]:
+        """The composition of these group overrides (hydra node dropped) and its group choices."""
+        if structural not in self._bases:
+            full = self._compose(structural, with_hydra=True)
+            choices = {str(k): v for k, v in full.hydra.runtime.choices.items()}
+            sp = full.hydra.sweeper.get("params")
+            params = OmegaConf.to_container(sp, resolve=True) if sp is not None else None
+            self._params[structural] = params if isinstance(params, dict) else None
+            with open_dict(full):
+                del full["hydra"]  # as hydra.compose does; values never touch it
+            self._bases[structural] = (full, choices)
+        return self._bases[structural]
+
+    def base_and_choices(self, overrides: Sequence[str]) -> tuple[DictConfig, dict]:
+        """(config, group choices) of group-only overrides (`exp=NAME`): what an experiment sets
+        before the command line's values (repro.harness.naming compares against it)."""
+        return self._base(tuple(overrides))
+
+    def sweep_params(self, overrides: Sequence[str]) -> dict | None:
+        """The resolved hydra.sweeper.params these overrides compose (an experiment's own grid)."""
+        self._base(tuple(overrides))
+        return self._params.get(tuple(overrides))
+
+    def missing_system_knobs(self, overrides: Sequence[str]) -> list[str]:
+        """The `router.<key>=` / `eviction.<key>=` overrides naming a key the router or eviction
+        these overrides choose does not have (repro.harness.knobs applies them where they exist)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        repo = self._repo(tuple(ov.input_line for ov in parsed if ov.is_hydra_override()))
+        is_value = [self._maybe_value(ov, repo) for ov in parsed]
+        structural = tuple(text for text, v in zip(overrides, is_value) if not v)
+        missing = []
+        for text, ov, v in zip(overrides, parsed, is_value):
+            key = ov.key_or_group
+            if not v or (ov.is_add() and not ov.is_force_add()) or ov.is_delete():
+                continue
+            if not key.startswith(SYSTEM_KNOB_PREFIXES):
+                continue
+            if OmegaConf.select(self._base(structural)[0], key, default=_ABSENT) is _ABSENT:
+                missing.append(text)
+        return missing
 
     @staticmethod
     def _maybe_value(ov: Any, repo: Any) -> bool:
@@ -114,14 +160,7 @@ class GridComposer:
         is_value = [self._maybe_value(ov, repo) for ov in parsed]
         structural = [text for text, v in zip(overrides, is_value) if not v]
         values = [ov for ov, v in zip(parsed, is_value) if v]
-        key = tuple(structural)
-        if key not in self._bases:
-            full = self._compose(structural, with_hydra=True)
-            choices = frozenset(full.hydra.runtime.choices.keys())
-            with open_dict(full):
-                del full["hydra"]  # as hydra.compose does; values never touch it
-            self._bases[key] = (full, choices)
-        base, choices = self._bases[key]
+        base, choices = self._base(tuple(structural))
         if any(ov.key_or_group.lstrip("+~") in choices for ov in values):
             cfg = self._compose(overrides, with_hydra=False)
         else:
@@ -152,6 +191,9 @@ def hydra_compose(config_name: str) -> Callable[[Sequence[str]], DictConfig]:
 
 def compose_cells(cells: Sequence[Cell], compose_fn: Callable[[Sequence[str]], DictConfig]) -> None:
     """Fill cell.config and cell.signature; every composition error in one ConfigError."""
+    from repro.harness.knobs import apply_where_known
+
+    apply_where_known(cells, compose_fn)
     problems: dict[str, list[str]] = {}
     bad = 0
     for cell in cells:

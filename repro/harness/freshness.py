@@ -32,6 +32,12 @@ NOT_INPUTS = ("repro.tracking", "repro.figures", "repro.harness")
 _data_memo: dict[str, dict] = {}
 
 
+def _yaml_loader():
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster than the pure-Python loader
+
+
 def use_project_cache() -> None:
     """Entry points: the workload cache and checksum memo go to <project>/.cache, not the cwd."""
     import os
@@ -124,6 +130,7 @@ def folder_report(results_dir: str | Path, experiments: list[str] | None = None)
     import yaml
 
     root = Path(results_dir)
+    _YAML_LOADER = _yaml_loader()
     exps = experiments or sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     out: dict[str, list[dict]] = {}
     for exp in exps:
@@ -131,7 +138,7 @@ def folder_report(results_dir: str | Path, experiments: list[str] | None = None)
         for cell in sorted((root / exp).glob("*/" + SUMMARY)):
             d = cell.parent
             try:
-                cfg = yaml.safe_load((d / "config.yaml").read_text())
+                cfg = yaml.load((d / "config.yaml").read_text(), Loader=_YAML_LOADER)
                 state, why = cell_state(d, cell_fingerprint(cfg))
             except Exception as exc:  # unreadable config, unknown backend, missing data file
                 state, why = "stale", [f"cannot compute its fingerprint: {type(exc).__name__}: {exc}"]

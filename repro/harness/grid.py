@@ -28,6 +28,8 @@ class Cell:
     config: dict | None = None  # resolved, plain containers
     signature: str | None = None
     swept: dict[str, str] = field(default_factory=dict)  # key -> value of the keys that vary
+    # router./eviction. overrides left out: this cell's system has no such knob (repro.harness.knobs)
+    not_applied: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:

@@ -329,25 +329,17 @@ def run_sweep(
 
 def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     out = out or sys.stdout
+    from repro.harness.naming import with_derived_name
+
+    overrides = with_derived_name(params, overrides, compose_fn)
     cells = plan_cells(params, overrides, compose_fn)
     specs = make_specs(cells)
     exp = specs[0].exp_name if specs else "?"
     states = cell_states(specs)
     if dry_run:
-        for s, (state, why) in zip(specs, states):
-            note = f"  ({'; '.join(why)})" if why else ""
-            print(f"{s.index:4d}  {s.signature}  {state:8s}  {s.label}{note}", file=out)
-        n_fresh = sum(st == "fresh" for st, _ in states)
-        n_stale = sum(st == "stale" for st, _ in states)
-        n_damaged = sum(st == "damaged" for st, _ in states)
-        keep = bool(specs) and specs[0].keep_stale
-        to_run = len(specs) - n_fresh - (n_stale if keep else 0)
-        damaged = f", {n_damaged} damaged" if n_damaged else ""
-        print(
-            f"{exp}: {len(specs)} cell(s), {n_fresh} finished, {n_stale} stale"
-            f"{' (kept: keep_stale=true)' if keep else ''}{damaged}, {to_run} to run",
-            file=out,
-        )
+        from repro.harness.dryrun import report
+
+        report(cells, specs, states, out)
         return 0
     check_writable(specs)
     if n_jobs is None:

@@ -1,4 +1,4 @@
-"""python -m repro.results status|diff|verify — what the results folders hold, and can it be trusted.
+"""python -m repro.results status|diff|prune|verify — what the results folders hold, and can it be trusted.
 
   status [--results-dir results] [EXP ...]
       fresh / stale / unfinished cells per experiment (stale: made by other code, data or library
@@ -10,6 +10,12 @@
       rate, seed, ...) where that pairing is one to one; the rest are counted as found in one
       folder only. Cells whose requests.sha256 differs are listed too (`requests.parquet: a -> b`).
       Exit 1 if any metric or record differs.
+  prune [--results-dir results] [--yes] [EXP ...]
+      list the folders that hold no finished cell (unfinished: e.g. only the git-ignored
+      requests.parquet and wandb/ after `git clean`; failed: error.txt), finished cells that no
+      current grid produces (conf/exp/<exp>.yaml; not inverse_search, whose trials draw its cells)
+      and experiment folders left empty; --yes deletes them. A cell a live process is computing
+      (its lock) is left alone.
   verify [--results-dir results] [--cells N | --all] [--seed S] [EXP ...]
       rerun N random finished cells of every experiment (default 1) from scratch in a temporary
       folder and require byte-identical summary.json, the same requests.sha256 (the hash of
@@ -64,6 +70,7 @@ def cmd_status(a) -> int:
     root = Path(a.results_dir)
     report = cell_report(root, _experiments(root, a.exps))
     bad = False
+    total_unfinished = 0
     for exp, rows in report.items():
         n_unfinished = sum(
             1
@@ -85,7 +92,39 @@ def cmd_status(a) -> int:
                 reasons.setdefault("; ".join(r["why"]), []).append(r["sig"])
         for why, sigs in list(reasons.items())[: a.reasons]:
             print(f"    {len(sigs)} cell(s), e.g. {sigs[0]}: {why}")
+        total_unfinished += n_unfinished
+    if total_unfinished:
+        print(
+            f"{total_unfinished} folder(s) hold no finished cell (unfinished or failed: e.g. what `git clean` "
+            f"leaves of cells whose committed files it removed): `python -m repro.results prune` lists them, "
+            f"--yes deletes them"
+        )
     return 1 if bad else 0
+
+
+def cmd_prune(a) -> int:
+    """List (or with --yes delete) the folders that hold no finished cell, and cells of no current grid."""
+    from repro.harness.grids import grid_signatures
+    from repro.results import prune
+
+    root = Path(a.results_dir)
+    exps = _experiments(root, a.exps)
+    grids = grid_signatures([e for e in exps if e not in prune.NOT_GRIDS])
+    for exp, g in grids.items():
+        if isinstance(g, str):
+            print(f"{exp}: its grid does not compose ({g.splitlines()[0]}): its finished cells are kept")
+    found = prune.scan(root, exps, {e: g for e, g in grids.items() if not isinstance(g, str)})
+    for p in found:
+        print(f"{p.kind:24s} {p.path}  ({p.why})")
+    counts = {k: sum(p.kind == k for p in found) for k in prune.KINDS}
+    print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" under {root}")
+    if not found:
+        return 0
+    if not a.yes:
+        print("dry run: nothing deleted (--yes deletes them)")
+        return 0
+    print(f"deleted {prune.remove(found)} folder(s)")
+    return 0
 
 
 def _metrics(summary: dict) -> dict:
@@ -255,6 +294,10 @@ def cmd_verify(a) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.results", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prune", help="list (--yes: delete) unfinished and failed cells and cells of no grid")
+    pr.add_argument("--results-dir", default=str(REPO / "results"))
+    pr.add_argument("--yes", action="store_true", help="delete what is listed (default: dry run)")
+    pr.add_argument("exps", nargs="*")
     s = sub.add_parser("status", help="fresh / stale / unfinished cells per experiment")
     s.add_argument("--results-dir", default=str(REPO / "results"))
     s.add_argument("--reasons", type=int, default=3, help="distinct staleness reasons shown per experiment")
@@ -273,7 +316,7 @@ def main(argv=None) -> int:
     from repro.harness.freshness import use_project_cache
 
     use_project_cache()
-    return {"status": cmd_status, "diff": cmd_diff, "verify": cmd_verify}[a.cmd](a)
+    return {"status": cmd_status, "diff": cmd_diff, "verify": cmd_verify, "prune": cmd_prune}[a.cmd](a)
 
 
 if __name__ == "__main__":

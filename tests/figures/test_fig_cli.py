@@ -107,7 +107,7 @@ def test_a_users_own_experiment_is_drawn_into_a_folder_of_their_choice(results_c
     assert cli.main(["my_fig2", "--results-dir", str(results_copy), "--figures-dir", str(figures),
                      "--reproduce-md", str(md), "--tracking", "disabled"]) == 0
     caption = (figures / "my_fig2.caption.txt").read_text()
-    assert caption.startswith("my_fig2: the seven systems.") and "Beyond the paper's six systems: Mine+LRU." in caption
+    assert caption.startswith("Performance of the seven systems (results/my_fig2/).") and "Beyond the paper's six systems: Mine+LRU." in caption
     assert (figures / "my_fig2.png").stat().st_size > 0 and "Mine+LRU" in (figures / "my_fig2.csv").read_text()
     assert md.read_text() == "untouched\n" and not (figures / "claims.md").exists()
 

@@ -160,4 +160,5 @@ def test_systems_resolver_adds_to_the_paper_six(tmp_path, monkeypatch, capsys):
     code = run_inprocess(tmp_path, "+exp=fig2_main", "workload=gsp", "seed=0", f"hydra.sweeper.params.policy={extra}",
                          "--dry-run", monkeypatch=monkeypatch)
     out = capsys.readouterr().out
-    assert code == 0 and "fig2_main: 7 cell(s)" in out and "policy=power_of_two_rlt" in out, out
+    # a grid beyond the paper's: its own folder, named after the system it gained (issue 42)
+    assert code == 0 and "fig2_main+power_of_two_rlt: 7 cell(s)" in out and "policy=power_of_two_rlt" in out, out

@@ -16,6 +16,7 @@ from tests.harness.helpers import run_inprocess
 def test_ladder_ends_run_and_carry_their_regime(tmp_path, monkeypatch):
     rc = run_inprocess(tmp_path, "+exp=load_ladder", "tracking=disabled", "n_jobs=1", "workload=gsp",
                        "workload.request_rate=4.0,96.0", "policy=random_lru", "workload.num_queries=256",
+                       "exp_name=load_ladder",  # an override run would go to a folder of its own
                        monkeypatch=monkeypatch)
     assert rc == 0
     by_rate = {}

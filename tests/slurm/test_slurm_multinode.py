@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slurm
 
 # fig6's 10-worker cell, shortened (200 of 1024 queries) to keep CI's Slurm step short
 CELL = ["exp=fig6_workers", "cluster.num_workers=10", "policy=cache_aware_lru", "workload.num_queries=200",
-        "backend=sglang", "backend.emulate=true", "backend.time_scale=5", "seed=0"]
+        "backend=sglang", "backend.emulate=true", "backend.time_scale=5", "seed=0",
+        "exp_name=fig6_workers"]  # named: an override run would go to fig6_workers+<changes>/ (issue 42)
 
 
 def _needs_two_nodes(cluster):
