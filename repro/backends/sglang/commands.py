@@ -4,11 +4,24 @@ sglang-router, our emulated worker and our router service. planning.plan_cell pu
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping, Sequence
 
 from repro.backends.sglang.config import SGLANG_ROUTER_POLICIES
 from repro.backends.sglang.errors import OrchestrationError
+
+
+# Our eviction configs whose parameters are SGLang's own strategy keywords (passed through as
+# --radix-eviction-policy-config); rlt's seed is set by the server from --random-seed instead.
+SGLANG_STRATEGY_PARAMS = {"slru": ("protected_threshold",)}
+
+
+def sglang_eviction_policy_config(eviction: Mapping[str, Any]) -> dict | None:
+    """The --radix-eviction-policy-config of conf/eviction/<name>.yaml (None: SGLang's defaults)."""
+    keys = SGLANG_STRATEGY_PARAMS.get(str(eviction.get("name")), ())
+    out = {k: eviction[k] for k in keys if k in eviction}
+    return out or None
 
 
 def sglang_server_command(
@@ -27,6 +40,7 @@ def sglang_server_command(
     dtype: str | None = None,
     enable_metrics: bool = False,
     extra_args: Sequence[str] = (),
+    eviction_policy_config: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """`python -m repro.backends.sglang.server ...` with SGLang 0.5.23 server flags.
 
@@ -47,6 +61,8 @@ def sglang_server_command(
         "--radix-eviction-policy",
         str(eviction_policy),
     ]
+    if eviction_policy_config:  # SGLang's strategy keywords (slru's protected_threshold), as JSON
+        cmd += ["--radix-eviction-policy-config", json.dumps(dict(eviction_policy_config), sort_keys=True)]
     if kv_cache_tokens is not None:
         cmd += ["--max-total-tokens", str(int(kv_cache_tokens))]
     if mem_fraction is not None:
