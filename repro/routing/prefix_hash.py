@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+
+import numpy as np
 from typing import TYPE_CHECKING, Sequence
 
 from repro.routing.base import Router, WorkerView, request_key
@@ -75,6 +77,13 @@ class PrefixHashRouter(Router):
         self._pos = [p for p, _ in entries]
         self._owner = [i for _, i in entries]
         self.in_flight = [0] * self.num_workers
+
+    @staticmethod
+    def head_of(tokens, prefix_token_count: int) -> bytes:
+        """The hashed head of a token sequence: its first prefix_token_count tokens, packed."""
+        from repro.kvcache import as_key
+
+        return as_key(np.asarray(tokens[:prefix_token_count], dtype=np.int64))
 
     def owner(self, head: bytes) -> int:
         """The ring's worker for a key head (the tests replace it with the real binary's ring)."""
