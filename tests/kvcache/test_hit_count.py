@@ -247,3 +247,23 @@ def test_the_live_path_runs_sglangs_own_flag_with_the_configs_parameters():
     )
     lfu = cmd({"name": "lfu", "granularity": "node"})
     assert lfu[lfu.index("--radix-eviction-policy") + 1] == "lfu" and "--radix-eviction-policy-config" not in lfu
+
+
+def test_a_tracker_access_counts_as_the_insert_it_stands_for():
+    from repro.routing.trackers import tracker_access
+
+    rng = np.random.default_rng(4)
+    a, b = make_cache(40, {"name": "lfu"}, 0), make_cache(40, {"name": "lfu"}, 0)
+    for _ in range(200):
+        key = as_key(np.concatenate([[1, 2], rng.integers(0, 3, int(rng.integers(1, 6)))]))
+        tracker_access(a, key)
+        m = b.match_prefix(key)
+        b.inc_lock_ref(m.last_node)
+        need = (len(key) // 4 - m.length) - b.free_tokens()
+        if need > 0:
+            b.evict(need)
+        b.dec_lock_ref(m.last_node)
+        b.insert(key)
+        assert a.cached_keys() == b.cached_keys()
+    counts = {a.path_key(n): n.state for n in a.iter_nodes()}
+    assert counts == {b.path_key(n): n.state for n in b.iter_nodes()}
