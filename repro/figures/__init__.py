@@ -41,6 +41,7 @@ ARTEFACTS: tuple[str, ...] = (
     "regime_map",
     "load_ladder",
     "mooncake_replay",
+    "todays_baselines",
 )
 
 

@@ -37,7 +37,7 @@ SYSTEM_COLORS = {
 PAPER_SYSTEMS = tuple(SYSTEM_COLORS)
 BASELINES, OURS = PAPER_SYSTEMS[:3], PAPER_SYSTEMS[3:]
 # Colours of systems beyond the paper's six (Dynamo, llm-d, ...), in system_order.
-_EXTRA = ("#de8f05", "#fbafe4", "#56b4e9", "#ece133", "#000000")
+_EXTRA = ("#de8f05", "#fbafe4", "#56b4e9", "#ece133", "#000000", "#6a3d9a", "#17becf", "#8c8c00", "#b15928", "#1f3a93")
 
 METRIC_LABELS = {
     "latency_p50_s": "P50 latency (s)",

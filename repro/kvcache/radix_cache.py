@@ -329,9 +329,11 @@ class RadixCache:
         """
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         path, pos, child, m = self._walk(key)
-        return self._insert_walked(key, 0, path, pos, child, m)
+        return self._insert_walked(key, 0, path, pos, child, m, 0)
 
-    def _insert_walked(self, key: bytes, above: int, path: list, pos: int, child, m: int) -> InsertResult:
+    def _insert_walked(
+        self, key: bytes, above: int, path: list, pos: int, child, m: int, inserted_len: int
+    ) -> InsertResult:
         """insert's second half, once `key` was walked (`above` tokens of the path lie above
         key[0]; `path` the fully matched nodes, `child` the one key diverges in after `m` bytes):
         split, stamp / mark root to leaf, append the uncached suffix, move the clock."""
@@ -353,10 +355,11 @@ class RadixCache:
         prefix_len = above + (pos >> 2)
         if new_bytes:
             last = self._append(last, key[pos:], base, True)
+        self.policy.inserted(path, inserted_len, last if new_bytes else None)
         self.clock = base + above + (len(key) >> 2)
         return _tuple_new(InsertResult, (prefix_len, last))
 
-    def insert_after(self, node: Node, tokens) -> InsertResult:
+    def insert_after(self, node: Node, tokens, inserted_len: int | None = None) -> InsertResult:
         """`insert(path_key(node) + tokens)` for an attached node (one a recent match / insert
         returned, still in the tree: e.g. locked), without walking or copying the path to it.
 
@@ -364,6 +367,8 @@ class RadixCache:
         root-to-leaf order, the uncached suffix is added, the clock moves by the whole length.
         The simulator inserts a prompt's computed chunk and its generated tokens this way,
         below the prompt's locked node (tests/kvcache check it against `insert`).
+        `inserted_len` (default: node's depth, a request continuing its own insert): what the
+        policy hears as SGLang's `InsertParams.inserted_len` (0 for a request's first chunk).
         """
         key = tokens if type(tokens) is bytes and not (len(tokens) & 3) else as_key(tokens)
         root = self.root
@@ -372,7 +377,9 @@ class RadixCache:
         path = self._ancestry(node)
         below, pos, child, m = self._walk(key, node)
         path += below
-        return self._insert_walked(key, node.depth, path, pos, child, m)
+        return self._insert_walked(
+            key, node.depth, path, pos, child, m, node.depth if inserted_len is None else inserted_len
+        )
 
     def access_path(self, node: Node) -> MatchResult:
         """`match_prefix(path_key(node))` for an attached node, without walking: the same

@@ -43,7 +43,7 @@ def tracker_access(cache, key: bytes) -> int:
     cache.dec_lock_ref(match.last_node)
     fit = min(n, match.length + cache.free_tokens())
     if isinstance(cache, RadixCache):  # the same access as insert(key[:4 * fit]), without a second walk
-        cache.insert_after(match.last_node, key[4 * match.length : 4 * fit])
+        cache.insert_after(match.last_node, key[4 * match.length : 4 * fit], 0)  # inserted_len 0, as insert
     else:
         cache.insert(key[: 4 * fit])
     return fit

@@ -126,7 +126,11 @@ class PerChunkInsertion:
         t = w.table
         cache = w.cache
         lock: Any = t.lock_node[i]
-        ins = self._insert_after(lock, key_slice(t.prompt_key[i], lock.depth, t.compute_start[i] + prefilled))
+        start = t.compute_start[i]
+        # a first chunk (its lock is the matched prefix) counts as SGLang's inserted_len 0 (lfu / slru hits)
+        ins = self._insert_after(
+            lock, key_slice(t.prompt_key[i], lock.depth, start + prefilled), 0 if lock.depth <= start else None
+        )
         cache.inc_lock_ref(ins.last_node)
         cache.dec_lock_ref(lock)
         t.lock_node[i] = ins.last_node

@@ -26,6 +26,16 @@ SYSTEMS = {  # policy_name -> (router, eviction, latency factor, hit-rate bonus)
 }
 # beside the six: today's cache-aware rule (smg 1.13.0) as its own system (regime_map's third panel)
 SMG_SYSTEMS = {"CacheAware(smg)+LRU": ("cache_aware", "lru", 0.45, 0.22)}
+# todays_baselines' other rows (issue 43): SGLang's own eviction policies and today's routers
+TODAY_SYSTEMS = {
+    "CacheAware+LFU": ("cache_aware", "lfu", 0.45, 0.22),
+    "CacheAware+SLRU": ("cache_aware", "slru", 0.45, 0.23),
+    "LBGR+LFU": ("lbgr", "lfu", 0.06, 0.41),
+    "LBGR+SLRU": ("lbgr", "slru", 0.06, 0.42),
+    "PrefixHash(smg)+LRU": ("prefix_hash", "lru", 0.5, 0.21),
+    "LeastLoad(smg)+LRU": ("least_load", "lru", 0.9, 0.02),
+    "LMetric+LRU": ("lmetric", "lru", 0.08, 0.30),
+}
 WORKLOADS = ("gsp", "sharegpt", "ultrachat", "loogle")
 OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
 
@@ -46,7 +56,7 @@ hand-written text after
 """
 
 def system_spec(system: str) -> tuple:
-    return SYSTEMS[system] if system in SYSTEMS else SMG_SYSTEMS[system]
+    return SYSTEMS[system] if system in SYSTEMS else SMG_SYSTEMS.get(system) or TODAY_SYSTEMS[system]
 
 
 def grid(exp: str, small: bool = False) -> list[dict]:
@@ -121,6 +131,9 @@ def grid(exp: str, small: bool = False) -> list[dict]:
         for dt in sweep((0.01, 0.1, 1.0, 10.0)):
             add(["LBGR+LRU", "LBGR+RLT"], decay_interval_s=dt)
         add(["CacheAware+LRU"])
+    elif exp == "todays_baselines":
+        for wl in workloads:
+            add([*six, *SMG_SYSTEMS, *TODAY_SYSTEMS], seeds=(0, 1, 2), workload=wl)
     elif exp == "mooncake_replay":
         add(six, workload="mooncake", num_workers=8, hardware="h100")
     else:
@@ -132,7 +145,7 @@ PERF_EXPS = (
     "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
     "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
     "tab3_single_worker", "fig14_decay_interval", "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",
-    "fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay",
+    "fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay", "todays_baselines",
 )
 
 
@@ -239,8 +252,8 @@ def provenance(exp: str, c: dict, cfg: dict) -> dict:
 def timings(c: dict) -> dict:
     router, eviction, _, _ = system_spec(c["system"])
     n = c.get("num_queries", 1024)
-    route_ms = {"random": 0.002, "round_robin": 0.001, "cache_aware": 0.05, "lbgr": 0.4}[router]
-    evict_ms = {"lru": 0.02, "rlt": 0.3}[eviction]
+    route_ms = {"random": 0.002, "round_robin": 0.001, "cache_aware": 0.05, "lbgr": 0.4, "prefix_hash": 0.003, "least_load": 0.004, "lmetric": 0.06}[router]
+    evict_ms = {"lru": 0.02, "rlt": 0.3, "lfu": 0.03, "slru": 0.03}[eviction]
     return {  # the harness's layout: the backend's timings at the top level, its own under "harness"
         "completion_callback": {"calls": n, "total_s": n * 0.1 * route_ms / 1e3},
         "eviction": {"calls": n // 2, "evicted_tokens": n * 100, "total_s": n * evict_ms / 1e3},

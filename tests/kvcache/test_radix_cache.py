@@ -197,7 +197,7 @@ def test_make_eviction_and_make_cache():
 @pytest.mark.parametrize(
     "cfg, msg",
     [
-        ({"name": "fifo"}, "unknown eviction policy 'fifo'; choose one of lru, opt, rlt"),
+        ({"name": "fifo"}, "unknown eviction policy 'fifo'; choose one of lfu, lru, opt, rlt, rlt_shipped, slru"),
         ({"name": "opt"}, "future trace"),
         ({"name": "lru", "granularity": "page"}, "granularity"),
         ({"name": "lru", "granularity": "node"}, "granularity belongs to the cache"),

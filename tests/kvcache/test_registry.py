@@ -72,7 +72,10 @@ def toy_policy(tmp_path, monkeypatch):
 
 def test_builtin_registry_and_backends():
     reg = eviction_policies()
-    assert reg == {"lru": LRUEviction, "opt": OPTEviction, "rlt": RLTEviction, "rlt_shipped": RLTShippedEviction}
+    from repro.kvcache.eviction.hit_count import LFUEviction, SLRUEviction
+
+    assert reg == {"lru": LRUEviction, "opt": OPTEviction, "rlt": RLTEviction, "lfu": LFUEviction, "slru": SLRUEviction, "rlt_shipped": RLTShippedEviction}
+    assert LFUEviction.backends == SLRUEviction.backends == {"sim", "sglang"}
     for name, cls in reg.items():
         assert cls.name == name and cls.backends <= set(EVICTION_BACKENDS)
     assert LRUEviction.backends == RLTEviction.backends == {"sim", "sglang", "theory"}
@@ -138,7 +141,7 @@ def test_every_conf_eviction_file_is_valid_for_the_backends_its_policy_declares(
         ({"name": "opt"}, "sglang", "does not run on backend sglang"),
         ({"name": "rlt", "granularity": "token"}, "sglang", "granularity node only"),
         ({"name": "lru"}, "vidur", "unknown backend 'vidur'"),
-        ({"name": "lfu"}, "sim", "unknown eviction policy 'lfu'; choose one of lru, opt, rlt"),
+        ({"name": "arc"}, "sim", "unknown eviction policy 'arc'; choose one of lfu, lru, opt, rlt, rlt_shipped, slru"),
         ({"name": "lru", "granularity": "page"}, None, "eviction.granularity must be one of token, node"),
         ({"name": "lru", "seed": 1}, None, "unknown eviction config keys ['seed']"),
         ({"name": "rlt", "p": 0.5}, None, "unknown eviction config keys ['p']"),
@@ -208,7 +211,7 @@ def test_a_new_policy_is_one_module_and_one_config_file(toy_policy, tmp_path):
     cfg = OmegaConf.load(conf)
 
     reg = eviction_policies()
-    assert set(reg) == {"lru", "opt", "rlt", "rlt_shipped", "toy_fifo"}
+    assert set(reg) == {"lfu", "lru", "opt", "rlt", "rlt_shipped", "slru", "toy_fifo"}
     toy = reg["toy_fifo"]
     assert issubclass(toy, EvictionPolicy) and toy.__module__ == module
     assert check_eviction_config(cfg, "sim") == []

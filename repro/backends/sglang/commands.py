@@ -5,11 +5,24 @@ service. planning.plan_cell puts them into a plan.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping, Sequence
 
 from repro.backends.sglang.config import SGLANG_ROUTER_POLICIES, SGLANG_ROUTER_RELEASES
 from repro.backends.sglang.errors import OrchestrationError
+
+
+# Our eviction configs whose parameters are SGLang's own strategy keywords (passed through as
+# --radix-eviction-policy-config); rlt's seed is set by the server from --random-seed instead.
+SGLANG_STRATEGY_PARAMS = {"slru": ("protected_threshold",)}
+
+
+def sglang_eviction_policy_config(eviction: Mapping[str, Any]) -> dict | None:
+    """The --radix-eviction-policy-config of conf/eviction/<name>.yaml (None: SGLang's defaults)."""
+    keys = SGLANG_STRATEGY_PARAMS.get(str(eviction.get("name")), ())
+    out = {k: eviction[k] for k in keys if k in eviction}
+    return out or None
 
 
 def sglang_server_command(
@@ -28,6 +41,7 @@ def sglang_server_command(
     dtype: str | None = None,
     enable_metrics: bool = False,
     extra_args: Sequence[str] = (),
+    eviction_policy_config: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """`python -m repro.backends.sglang.server ...` with SGLang 0.5.23 server flags.
 
@@ -48,6 +62,8 @@ def sglang_server_command(
         "--radix-eviction-policy",
         str(eviction_policy),
     ]
+    if eviction_policy_config:  # SGLang's strategy keywords (slru's protected_threshold), as JSON
+        cmd += ["--radix-eviction-policy-config", json.dumps(dict(eviction_policy_config), sort_keys=True)]
     if kv_cache_tokens is not None:
         cmd += ["--max-total-tokens", str(int(kv_cache_tokens))]
     if mem_fraction is not None:

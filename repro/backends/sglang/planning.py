@@ -31,6 +31,7 @@ from repro.backends.sglang.commands import (
     sglang_router_command,
     sglang_router_ready_path,
     sglang_router_release,
+    sglang_eviction_policy_config,
     sglang_server_command,
 )
 from repro.backends.sglang.errors import CellTimeoutError, OrchestrationError, ServerStartError
@@ -395,6 +396,7 @@ def _sglang_servers(
             dtype=srv.dtype,
             enable_metrics=bool(srv.enable_metrics),
             extra_args=[str(a) for a in hw_server["extra_args"]] + list(srv.extra_args or []),
+            eviction_policy_config=sglang_eviction_policy_config(cfg["eviction"]),
         )
         # /health answers from the server's state instead of running a 1-token generation
         # (which would put a probe path into the radix cache the experiment measures).

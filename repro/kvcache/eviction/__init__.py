@@ -23,6 +23,7 @@ import pkgutil
 from typing import TYPE_CHECKING, Mapping
 
 from repro.kvcache.eviction.base import EVICTION_BACKENDS, EvictionPolicy
+from repro.kvcache.eviction.hit_count import LFUEviction, SLRUEviction
 from repro.kvcache.eviction.lru import LRUEviction
 from repro.kvcache.eviction.opt import OPTEviction
 from repro.kvcache.eviction.rlt import RLTEviction
@@ -35,10 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EVICTION_BACKENDS",
     "EvictionPolicy",
+    "LFUEviction",
     "LRUEviction",
     "OPTEviction",
     "RLTEviction",
     "RLTShippedEviction",
+    "SLRUEviction",
     "check_eviction_config",
     "constructor_params",
     "eviction_policies",

@@ -86,6 +86,11 @@ class EvictionPolicy:
         """`node.stamp` moved without an access (SGLang's split rule): recency only, never marks."""
         self.touch(node)
 
+    def inserted(self, path: list, inserted_len: int, new: "Node | None") -> None:
+        """An insert accessed `path` (root to leaf; `new`: the uncached run it added, or None).
+        `inserted_len`: how much of this path the inserting request had inserted before (SGLang's
+        `InsertParams.inserted_len`; lfu / slru count a hit on the nodes that end past it)."""
+
     def begin_path(self, j: int) -> None:
         """The replayer is about to process path j of its trace (offline policies track it)."""
 
