@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, raise_stopped) if prepared.multirun else None
     if prepared.multirun:
         mark_sweep_process()  # the launcher's local workers die with this process (repro/lifeline.py)
+        from repro.harness.boot import arm_loky_workers
+
+        arm_loky_workers()
     try:
         _app()
     except Stopped as exc:

@@ -109,3 +109,21 @@ def test_kill_9_of_a_joblib_sweep_ends_its_workers(tmp_path):
         wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
         assert not list(results.glob("tiny_fake/*/summary.json"))  # killed mid-cell, not finished
         no_half_written_cells(results)
+
+
+def test_kill_9_of_a_joblib_sweep_while_its_workers_start(tmp_path):
+    """issue 41 (4): a kill -9 of a `hydra/launcher=joblib` sweep as soon as its loky workers exist
+    (before or while they import the task): they were re-parented, `die_with_sweep` found another
+    parent and returned unarmed, and they ran cells (or idled until loky's 300 s timeout) with their
+    resource trackers. Now loky's initializer arms them on start, and a worker whose sweep is gone
+    exits before any cell: no process is left and no cell file is written."""
+    for k in range(REPEAT):
+        results, marker = tmp_path / f"run{k}", uuid.uuid4().hex
+        p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "backend.sleep_s=30.0", marker=marker)
+        wait_for(lambda: len(processes_with(marker)) >= 2 + k % 2, 120, "the loky workers to exist")
+        os.kill(p.pid, signal.SIGKILL)
+        p.communicate(timeout=120)
+        wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
+        assert not list(results.glob("tiny_fake/*/summary.json"))
+        no_half_written_cells(results)
