@@ -88,6 +88,10 @@ def arm_loky_workers() -> None:
             super().__init__(*args, **kwargs)
 
     register_parallel_backend("loky", ArmedLokyBackend)
+    # A sweep stopped by a second Ctrl-C ends with os._exit (repro.run): loky's resource tracker then
+    # frees the executor's semaphores itself, which is its job, not a warning for the user.
+    quiet = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
 
 
 class BootProcess(SpawnProcess):
