@@ -133,6 +133,8 @@ class CellStore:
                 problems.append(f"{name} was added after the cell was finished")
         recorded = self.requests_sha256()
         parquet = self.dir / self.REQUESTS
+        if parquet.is_symlink() or (parquet.exists() and not parquet.is_file()):  # a folder in its place
+            problems.append(f"{self.REQUESTS} is not a plain file")
         if recorded is not None and parquet.is_file() and sha256_file(parquet) != recorded:
             problems.append(f"{self.REQUESTS} is not the one {self.REQUESTS_SHA256} names")
         return ("damaged", problems) if problems else ("intact", [])
