@@ -46,10 +46,9 @@ MAX_NEW_TOKENS_LIMIT = 1 << 20
 
 
 def check_sampling(body: dict) -> None:
-    """What SGLang would refuse (or choke on) as a 400: one prompt form, a bounded reply, finite
-    sampling parameters (JSON's NaN and 1e400 parse to nan / inf)."""
-    if body.get("text") is not None and body.get("input_ids") is not None:
-        raise protocol.ProtocolError("give either 'text' or 'input_ids', not both")
+    """What SGLang would refuse (or choke on) as a 400: a bounded reply, finite sampling parameters
+    (JSON's NaN and 1e400 parse to nan / inf). `text` beside `input_ids` stays allowed: the
+    project's client sends both (text for text-matching routers, the ids for the server)."""
     sp = body.get("sampling_params") or {}
     max_new = sp.get("max_new_tokens")
     if isinstance(max_new, int) and max_new > MAX_NEW_TOKENS_LIMIT:
