@@ -129,6 +129,25 @@ def _app(cfg: DictConfig) -> dict | None:
 _interrupts = [0]
 
 
+def _broken_local_yaml() -> str | None:
+    """The first file of conf/local/ (per-site, hand-written, composed into every run) that is not
+    YAML, in one line: Hydra would print the parser's traceback (89 lines)."""
+    import yaml
+
+    local = confutil.CONF_DIR / "local"
+    for path in sorted(local.rglob("*.yaml")) if local.is_dir() else []:
+        try:
+            yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{path}: cannot be read ({exc})"
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            return f"{path} is not valid YAML ({where}{what}); fix it or move it away"
+    return None
+
+
 def _sweep_interrupt(signum, frame):
     _interrupts[0] += 1
     if _interrupts[0] > 1:
@@ -146,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         print("repro.run: --dry-run lists the in-process grid; drop -m", file=sys.stderr)
         return 2
     _state["prepared"], _state["exit_code"], _state["entered"] = prepared, 0, False
+    broken = _broken_local_yaml()
+    if broken:
+        print(f"repro.run: {broken}; nothing was run", file=sys.stderr)
+        return 2
     # the workload cache and checksum memo live in the project, not in whatever cwd this runs from
     from repro.harness.freshness import use_project_cache
 
