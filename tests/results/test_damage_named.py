@@ -87,3 +87,28 @@ def test_a_metric_that_is_no_number_is_refused(copy, value):
     _unseal_and_edit(cell, value)
     with pytest.raises(ResultsError, match=f"{cell}/summary.json: hit_rate=.* is not a number"):
         load_cells(copy, "tiny")
+
+
+def test_an_edited_manifest_digest_is_named_as_such(copy):
+    """issue 41 (9): a digest changed in checksums.sha256 was reported as "config.yaml changed"."""
+    import os
+
+    cell = _cells(copy)[0]
+    manifest = cell / CellStore.MANIFEST
+    lines = manifest.read_text().splitlines(True)
+    i = next(k for k, ln in enumerate(lines) if ln.endswith("  config.yaml\n"))
+    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+    manifest.write_text("".join(lines))
+    later = (cell / CellStore.SUMMARY).stat().st_mtime + 10  # written after the summary, as an edit is
+    os.utime(manifest, (later, later))
+    state, why = CellStore.at(cell).integrity()
+    assert state == "damaged" and why == [
+        "config.yaml does not match its digest in checksums.sha256, which was written after summary.json "
+        "(the manifest was edited?)"
+    ]
+
+
+def test_a_changed_file_is_still_named_changed(copy):
+    cell = _cells(copy)[0]
+    (cell / CellStore.CONFIG).write_text((cell / CellStore.CONFIG).read_text() + "# edited\n")
+    assert CellStore.at(cell).integrity() == ("damaged", ["config.yaml changed since the cell was finished"])
