@@ -11,9 +11,11 @@ bodies are optional extras) and returns
 
 Where a top-level name's code comes from (`module_origin`): the project's own tree (`root_dir`,
 e.g. repro), the standard library (nothing recorded), a released distribution (its version:
-installed from an index, its files do not change under a version), or source that can change
-under the same version — a module on the path that no distribution owns, or a distribution
-installed from a local folder (`pip install -e`, PEP 610 `dir_info`): those are hashed like
+an installer put it in site-packages, with its RECORD / INSTALLER, from an index: its files do
+not change under a version), or source that can change under the same version — a module on
+the path that no distribution owns, metadata found beside source on the path (an .egg-info left
+by `pip install -e` in the source folder), or a distribution installed from a local folder
+(PEP 610 `dir_info`): those are hashed like
 repro itself, so editing a user's out-of-tree router makes exactly the cells that name it stale.
 A code key is the file's path relative to the folder its top-level name was found in
 ("repro/routing/lbgr.py", "prefix_or_least/router.py").
@@ -138,15 +140,44 @@ def _distributions() -> dict[str, list[str]]:
     return metadata.packages_distributions()
 
 
+@lru_cache(maxsize=1)
+def _site_dirs() -> frozenset[Path]:
+    """The folders an installer puts distributions in (this interpreter's site-packages, the user's)."""
+    import site
+    import sysconfig
+
+    dirs = [sysconfig.get_paths().get(k) for k in ("purelib", "platlib")]
+    dirs += list(getattr(site, "getsitepackages", lambda: [])())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return frozenset(Path(d).resolve() for d in dirs if d)
+
+
+def _installed(d: Any) -> bool:
+    """Did an installer put `d` there: metadata in a site-packages folder, with the installer's RECORD
+    or INSTALLER. Metadata beside source on the path (`pip install -e` of a setup.py project leaves
+    <name>.egg-info in the source folder) says nothing about whether that source is a release."""
+    try:
+        base = Path(d.locate_file("")).resolve()
+    except (OSError, TypeError, ValueError):
+        return False
+    if base not in _site_dirs():
+        return False
+    return any(d.read_text(name) is not None for name in ("RECORD", "INSTALLER"))
+
+
 @lru_cache(maxsize=None)  # installed distributions do not change within a process
 def _dist_info(dist: str) -> tuple[str, bool]:
-    """(version, released): released unless PEP 610's direct_url.json says a local folder or file."""
+    """(version, released): released when an installer put it in site-packages (`_installed`) and
+    PEP 610's direct_url.json does not say it came from a local folder or file."""
     from importlib import metadata
 
     try:
         d = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return "absent", True
+    if not _installed(d):
+        return d.version, False
     try:
         direct = json.loads(d.read_text("direct_url.json") or "null")
     except ValueError:

@@ -8,7 +8,9 @@
   process whose parent is the `-m` sweep's process (named in SWEEP_ENV). Without it a kill -9 of
   the sweep left them running until loky's idle timeout (300 s). Slurm jobs (parent: slurmstepd)
   and submitit's local jobs (parent: its controller) are not children of the sweep's process:
-  they finish the cell they run, as a submitted job does.
+  they finish the cell they run, as a submitted job does. The loky workers are armed twice: by
+  loky's worker initializer (repro.harness.boot.arm_loky_workers: before they wait for a task) and
+  by the task function; a loky worker whose sweep is already gone exits there.
 Tested by tests/reliability/test_worker_boot.py and test_reliability.py.
 """
 
@@ -74,20 +76,48 @@ def orphaned() -> bool:
     return bool(_armed) and os.getppid() != _armed[0]
 
 
-def die_with_sweep() -> bool:
+def die_with_sweep(loky_worker: bool = False) -> bool:
     """In a child of the process that `mark_sweep_process` named: die with it. True if armed.
-    A worker whose sweep is already gone ends here instead of starting its next task."""
+    A worker whose sweep is already gone ends here instead of starting its next task (and a loky
+    worker, `loky_worker` or named so by loky, whose sweep died before this ran exits at once)."""
     if _armed:
         if orphaned():
             os._exit(143)
         return True
     pid, _, started = os.environ.get(SWEEP_ENV, "").partition(":")
-    if not pid.isdigit() or os.getppid() != int(pid):  # (the marked process itself is not its own child)
+    if not pid.isdigit() or int(pid) == os.getpid():  # (the marked process itself is not its own child)
         return False
-    if started != _start_time(int(pid)):
+    if os.getppid() != int(pid) or started != _start_time(int(pid)):
+        # A loky worker whose sweep died before this ran was re-parented: it must not start a cell.
+        # (Slurm and submitit jobs are no loky workers: they finish what they run.)
+        if (loky_worker or _is_loky_worker()) and not _alive(int(pid), started):
+            os._exit(143)
         return False
     die_with_parent(int(pid))
     return True
 
 
-__all__ = ["SWEEP_ENV", "die_with_parent", "die_with_sweep", "mark_sweep_process", "orphaned"]
+def _alive(pid: int, started: str) -> bool:
+    """The process named by (pid, start time) still runs: not gone, not another one, not a zombie
+    (a killed sweep stays one until its parent reaps it, which may wait on the workers' pipes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and fields[19] == started
+
+
+def _is_loky_worker() -> bool:
+    """loky names its workers' process objects (`--process-name LokyProcess-N`); its start-up swaps
+    __main__ for the parent's main module, so that one cannot tell."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.current_process().name.startswith("LokyProcess")
+
+
+def arm_loky_worker() -> None:
+    """loky's worker initializer in a `-m` sweep (repro.harness.boot.arm_loky_workers)."""
+    die_with_sweep(loky_worker=True)
+
+
+__all__ = ["SWEEP_ENV", "arm_loky_worker", "die_with_parent", "die_with_sweep", "mark_sweep_process", "orphaned"]

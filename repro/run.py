@@ -16,17 +16,30 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+STOPPED_LINE = "repro.run: stopped (Ctrl-C); finished cells are kept, rerun to resume"
 
-from repro import confutil
-from repro.lifeline import die_with_sweep, mark_sweep_process, orphaned
-import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
-from repro.harness.argv import PreparedArgv, prepare_argv
+
+def _stopped_while_starting(signum, frame):  # noqa: ARG001
+    """Ctrl-C during the imports below (the first seconds): nothing has run, so end with one line."""
+    sys.stderr.write(STOPPED_LINE + "\n")
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _stopped_while_starting)
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from repro import confutil  # noqa: E402
+from repro.lifeline import die_with_sweep, mark_sweep_process, orphaned  # noqa: E402
+import repro.harness.schema  # noqa: E402, F401  (registers the structured schema before composition)
+from repro.harness.argv import PreparedArgv, prepare_argv  # noqa: E402
 
 log = logging.getLogger("repro.run")
 _state: dict = {"prepared": PreparedArgv(argv=[]), "exit_code": 0}
@@ -113,19 +126,54 @@ def _app(cfg: DictConfig) -> dict | None:
     return None
 
 
+_interrupts = [0]
+
+
+def _broken_local_yaml() -> str | None:
+    """The first file of conf/local/ (per-site, hand-written, composed into every run) that is not
+    YAML, in one line: Hydra would print the parser's traceback (89 lines)."""
+    import yaml
+
+    local = confutil.CONF_DIR / "local"
+    for path in sorted(local.rglob("*.yaml")) if local.is_dir() else []:
+        try:
+            yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{path}: cannot be read ({exc})"
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            return f"{path} is not valid YAML ({where}{what}); fix it or move it away"
+    return None
+
+
+def _sweep_interrupt(signum, frame):
+    _interrupts[0] += 1
+    if _interrupts[0] > 1:
+        sys.stderr.write(STOPPED_LINE + " (second Ctrl-C: not waiting for the launcher)\n")
+        sys.stderr.flush()
+        os._exit(130)
+    from repro.harness.cell import raise_interrupt
+
+    raise_interrupt(signum, frame)
+
+
 def main(argv: list[str] | None = None) -> int:
     prepared = prepare_argv(list(sys.argv[1:] if argv is None else argv))
     if prepared.dry_run and prepared.multirun:
         print("repro.run: --dry-run lists the in-process grid; drop -m", file=sys.stderr)
         return 2
     _state["prepared"], _state["exit_code"], _state["entered"] = prepared, 0, False
+    broken = _broken_local_yaml()
+    if broken:
+        print(f"repro.run: {broken}; nothing was run", file=sys.stderr)
+        return 2
     # the workload cache and checksum memo live in the project, not in whatever cwd this runs from
     from repro.harness.freshness import use_project_cache
 
     use_project_cache()
     sys.argv = [sys.argv[0], *prepared.argv]
-    import signal
-
     from repro.harness.cell import Stopped, raise_stopped
 
     # -m: SIGTERM unwinds the launcher like Ctrl-C, so that it stops its workers (joblib's loky
@@ -133,8 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, raise_stopped) if prepared.multirun else None
     if prepared.multirun:
         mark_sweep_process()  # the launcher's local workers die with this process (repro/lifeline.py)
+        from repro.harness.boot import arm_loky_workers
+
+        arm_loky_workers()
+    # Ctrl-C: KeyboardInterrupt (the in-process sweep installs its own handler while it runs); in a
+    # -m sweep a second one ends the process at once (the launcher's workers die with it:
+    # repro/lifeline.py), never waiting on a launcher's cleanup (loky's could hang).
+    signal.signal(signal.SIGINT, _sweep_interrupt if prepared.multirun else signal.default_int_handler)
+    _interrupts[0] = 0
     try:
         _app()
+    except KeyboardInterrupt:
+        print(STOPPED_LINE, file=sys.stderr)
+        return 130
     except Stopped as exc:
         print(f"repro.run: stopped ({exc}); finished cells are kept, rerun to resume", file=sys.stderr)
         return 143
@@ -151,4 +210,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:  # stopped: a further Ctrl-C must not turn the exit into a signal death (-2)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Python resets its own handlers at exit)
+        if _state["prepared"].multirun:  # nor may a launcher's exit hooks hold it (loky's could hang)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+    sys.exit(code)

@@ -219,6 +219,12 @@ def main(argv=None) -> int:
             f"{', '.join(ARTEFACTS)} (or any results folder's experiment, drawn by repro.figures.generic)"
         )
         return 2
+    from repro.harness.validate import output_dir_error
+
+    for bad_dir in (output_dir_error(a.figures_dir, "--figures-dir"), output_dir_error(a.results_dir, "--results-dir")):
+        if bad_dir is not None:
+            log(bad_dir)
+            return 2
     if a.check and a.run_missing:
         log("--check compares committed results; it cannot be combined with --run-missing")
         return 2

@@ -110,6 +110,30 @@ def data_text(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def integrity_notes(df: pd.DataFrame, shown: int = 6) -> list[str]:
+    """The cells a figure would read but cannot vouch for, by name: folders without summary.json
+    (failed, unfinished, emptied: their points average fewer seeds) and cells without a manifest."""
+
+    def names(sigs: list[str]) -> str:
+        return ", ".join(sigs[:shown]) + (f" and {len(sigs) - shown} more" if len(sigs) > shown else "")
+
+    out = []
+    unfinished = sorted(df.attrs.get("unfinished") or [])
+    if unfinished:
+        out.append(
+            f"INCOMPLETE: {len(unfinished)} cell(s) not finished (failed, interrupted or emptied), "
+            f"left out of the points: {names(unfinished)}"
+        )
+    if "unsealed" in df:
+        unsealed = sorted(df.loc[_truthy(df, "unsealed"), "signature"].astype(str))
+        if unsealed:
+            out.append(
+                f"UNSEALED: {len(unsealed)} cell(s) without a checksum manifest, their numbers unchecked "
+                f"(edited by hand?): {names(unsealed)}"
+            )
+    return out
+
+
 def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     """One line: backend; model/GPU; seeds; data notes."""
     parts = []
@@ -126,6 +150,7 @@ def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
     if s:
         parts.append(s)
     parts.extend(data_text(df))
+    parts.extend(integrity_notes(df))
     stale = int(_truthy(df, "stale").sum())
     if stale:
         parts.append(

@@ -151,10 +151,11 @@ def _is_stale(cell_dir: Path, config: dict) -> bool:
 
 
 def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
-    rows, summary_cols = [], set()
+    rows, summary_cols, unfinished = [], set(), []
     for d in cell_dirs(results_dir, exp):
         summary_path = d / CellStore.SUMMARY
-        if not summary_path.is_file():
+        if not summary_path.is_file():  # failed, unfinished or emptied: the captions name it
+            unfinished.append(d.name)
             continue
         integrity, why = CellStore.at(d).integrity()
         if integrity == "damaged":  # never plotted: the figure names it and how to mend it
@@ -169,6 +170,7 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
         config = yaml.load(config_path.read_text(), Loader=_YAML_LOADER) or {}
         timings = _read_json(d / CellStore.TIMINGS) if (d / CellStore.TIMINGS).is_file() else {}
         row = {"exp": exp, "signature": d.name, "stale": integrity == "unsealed" or _is_stale(d, config)}
+        row["unsealed"] = integrity == "unsealed"  # no manifest: its numbers may be hand-edited
         row.update(flatten(config))
         for k, v in summary.items():
             if k == "provenance":
@@ -177,12 +179,15 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
                 if _key(row[k]) != _key(_hashable(v)):
                     raise ResultsError(f"{summary_path}: summary {k}={v!r} contradicts config.yaml ({row[k]!r})")
                 continue
+            if k in NUMERIC_SUMMARY_KEYS and not _is_number(v):
+                raise ResultsError(f"{summary_path}: {k}={v!r} is not a number (edited by hand?); rerun the cell")
             row[k] = _hashable(v)
             summary_cols.add(k)
         row.update(flatten(summary.get("provenance") or {}, "prov."))
         row.update(flatten(timings, "timings."))
         rows.append(row)
     df = pd.DataFrame(rows)
+    df.attrs["unfinished"] = unfinished
     if df.empty:
         return df
     for k in SUMMARY_KEYS:
@@ -190,7 +195,16 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
             df[k] = pd.to_numeric(df[k], errors="coerce")
     df = add_overheads(df)
     df.attrs["summary_columns"] = sorted(summary_cols)
+    df.attrs["unfinished"] = unfinished
     return df
+
+
+NUMERIC_SUMMARY_KEYS = frozenset(SUMMARY_KEYS) - frozenset(TEXT_SUMMARY_KEYS)
+
+
+def _is_number(v) -> bool:
+    """A metric as the harness writes it: a number, or null / NaN where it is undefined."""
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
@@ -233,7 +247,12 @@ def require(df: pd.DataFrame, exp: str, columns: Iterable[str] = ()) -> pd.DataF
 
 def _config_columns(df: pd.DataFrame) -> list[str]:
     """Result-affecting config fields (not summary, provenance, timings or bookkeeping)."""
-    skip = set(SUMMARY_KEYS) | set(DERIVED) | set(df.attrs.get("summary_columns", ())) | {"exp", "signature", "stale"}
+    skip = (
+        set(SUMMARY_KEYS)
+        | set(DERIVED)
+        | set(df.attrs.get("summary_columns", ()))
+        | {"exp", "signature", "stale", "unsealed"}
+    )
     out = []
     for c in df.columns:
         if c in skip or c.startswith(("prov.", "timings.")):

@@ -69,6 +69,31 @@ def boot_command_line(ppid: int, **kwds: Any) -> list[str]:
     return [*cmd[: i + 1], _BOOT.format(ppid=int(ppid)) + cmd[i + 1], *cmd[i + 2 :]]
 
 
+def arm_loky_workers() -> None:
+    """In a `-m` sweep's process: joblib's loky workers run repro.lifeline.arm_loky_worker as their
+    initializer, on start, instead of only in the first task: a worker that never got a task (or was
+    still importing it) when the sweep died lived on until loky's idle timeout (300 s). Hydra's joblib
+    launcher names its backend "loky" and takes no initializer, so "loky" is registered again as
+    joblib's LokyBackend with it (its constructor's backend_kwargs reach the executor)."""
+    try:
+        from joblib import register_parallel_backend
+        from joblib._parallel_backends import LokyBackend
+    except ImportError:  # no joblib: no loky workers
+        return
+    from repro.lifeline import arm_loky_worker
+
+    class ArmedLokyBackend(LokyBackend):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("initializer", arm_loky_worker)
+            super().__init__(*args, **kwargs)
+
+    register_parallel_backend("loky", ArmedLokyBackend)
+    # A sweep stopped by a second Ctrl-C ends with os._exit (repro.run): loky's resource tracker then
+    # frees the executor's semaphores itself, which is its job, not a warning for the user.
+    quiet = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+
+
 class BootProcess(SpawnProcess):
     _start_method = "spawn"
 
@@ -77,4 +102,4 @@ class BootProcess(SpawnProcess):
         return BootPopen(process_obj)
 
 
-__all__ = ["BootPopen", "BootProcess", "boot_command_line"]
+__all__ = ["BootPopen", "BootProcess", "arm_loky_workers", "boot_command_line"]

@@ -78,7 +78,10 @@ class ValidateGridCallback(Callback):
         from repro.harness.progress import SweepProgress
         from repro.harness.sweep import make_specs
 
+        from repro.harness.progress import summary_stamps
+
         self._cells, self._specs = cells, make_specs(cells)
+        self._before = summary_stamps(self._specs)  # cells finished before the sweep: "skipped" at the end
         exp = self._specs[0].exp_name if self._specs else "?"
         self._progress = SweepProgress(len(cells), exp, tty=False)  # Hydra logs per job anyway
 
@@ -98,11 +101,12 @@ class ValidateGridCallback(Callback):
         from repro.harness.progress import outcomes_from_store
         from repro.harness.sweep import format_table, summary_table
 
-        outcomes = outcomes_from_store(self._specs)
+        outcomes = outcomes_from_store(self._specs, getattr(self, "_before", None))
         print(format_table(summary_table(self._cells, outcomes)), flush=True)
-        counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "failed", "missing")}
+        counts = {s: sum(o.status == s for o in outcomes) for s in ("ran", "copied", "skipped", "failed", "missing")}
         print(
-            f"{self._specs[0].exp_name}: {counts['ran']} finished, {counts['failed']} failed, "
-            f"{counts['missing']} missing",
+            f"{self._specs[0].exp_name}: {counts['ran'] + counts['copied'] + counts['skipped']} finished "
+            f"({counts['ran']} ran, {counts['copied']} copied from a finished twin, {counts['skipped']} skipped), "
+            f"{counts['failed']} failed, {counts['missing']} missing",
             flush=True,
         )

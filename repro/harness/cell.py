@@ -325,7 +325,7 @@ def _finished_twin(spec: CellSpec) -> tuple[CellStore, dict] | None:
         )
     except Exception:  # unknown backend, unreadable folder: computing it reports what is wrong
         return None
-    tracked = str((spec.config.get("tracking") or {}).get("mode", "offline")) != "disabled" and not tracking_off()
+    tracked = str((spec.config.get("tracking") or {}).get("mode", "offline")) != "disabled"  # a series to take
     for exp in exps:
         twin = CellStore(spec.results_dir, exp, spec.signature)
         if not twin.is_finished() or current_state(twin, spec.config, False)[0] != "fresh":
@@ -499,9 +499,10 @@ def _attempt(store: CellStore, out: CellOutcome, t0: float):
 def _start_tracking(spec: CellSpec, store: CellStore, out: CellOutcome) -> Any:
     from repro.tracking import CellTracker, start_cell_tracking
 
+    from repro.tracking import SeriesTracker
+
     tracking = dict(spec.config.get("tracking") or {})
-    if tracking_off():
-        tracking["mode"] = "disabled"
+    off = tracking_off()  # W&B failed earlier in this sweep: the series only (a local result)
     tracker = start_cell_tracking(
         tracking,
         cell_dir=store.dir,
@@ -509,8 +510,9 @@ def _start_tracking(spec: CellSpec, store: CellStore, out: CellOutcome) -> Any:
         exp_name=spec.exp_name,
         config=spec.config,
         name=spec.label,
+        series_only=off,
     )
-    if tracking.get("mode", "offline") != "disabled" and type(tracker) is CellTracker:
+    if not off and tracking.get("mode", "offline") != "disabled" and type(tracker) in (CellTracker, SeriesTracker):
         _turn_tracking_off()  # start failed (it warned): no other cell of this sweep tries again
         out.extra["tracking_failed"] = True
     return tracker

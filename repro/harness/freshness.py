@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from repro.codehash import stat_identity
 from repro.confutil import PROJECT_ROOT
 from repro.results import fingerprint as fp
-from repro.results.store import SUMMARY
+from repro.results.store import SUMMARY, CellStore
 
 # Modules that write a cell's files from the backend's result (their code decides the bytes).
 WRITER_MODULES = ("repro.metrics", "repro.results.store")
@@ -122,7 +122,22 @@ def cell_state(cell_dir: str | Path, current: Mapping | None) -> tuple[str, list
     if current is None:
         return "fresh", []
     reasons = fp.differences(fp.read_fingerprint(cell_dir), current)
+    series = missing_series(cell_dir)
+    if series:
+        reasons.append(series)
     return ("stale", reasons) if reasons else ("fresh", [])
+
+
+def missing_series(cell_dir: Path) -> str | None:
+    """Why a finished cell lacks a result it should hold: records, tracking on in its own config,
+    and no timeseries.parquet (W&B trouble once dropped it; the curves are never made then)."""
+    if not (cell_dir / CellStore.REQUESTS_SHA256).is_file() or (cell_dir / CellStore.SERIES).is_file():
+        return None
+    try:
+        mode = (CellStore.at(cell_dir).read_config().get("tracking") or {}).get("mode", "offline")
+    except Exception:  # an unreadable config is the integrity check's to report
+        return None
+    return None if mode == "disabled" else f"no {CellStore.SERIES} although tracking was {mode}"
 
 
 def folder_report(results_dir: str | Path, experiments: list[str] | None = None) -> dict[str, list[dict]]:

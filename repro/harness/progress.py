@@ -83,8 +83,37 @@ class SweepProgress:
             self._bar.close()
 
 
-def outcomes_from_store(specs: Sequence[Any]) -> list:
-    """CellOutcome of each planned cell from its folder: finished (summary.json), failed
+def summary_stamps(specs: Sequence[Any]) -> dict[str, tuple | None]:
+    """Each planned cell's summary.json stat identity (None: none) when a -m sweep starts: a cell
+    whose summary is still that one at the end was skipped, not run."""
+    from repro.codehash import stat_identity
+    from repro.results import CellStore
+
+    out: dict[str, tuple | None] = {}
+    for s in specs:
+        try:
+            out[s.signature] = stat_identity(CellStore(s.results_dir, s.exp_name, s.signature).summary_path.stat())
+        except OSError:
+            out[s.signature] = None
+    return out
+
+
+def _finished_status(store: Any, before: tuple | None) -> str:
+    """ran | copied (from a twin: timings.json names it) | skipped (its summary predates the sweep)."""
+    from repro.codehash import stat_identity
+
+    try:
+        if before is not None and stat_identity(store.summary_path.stat()) == before:
+            return "skipped"
+        timings = store.read_json(store.TIMINGS)
+    except Exception:  # unreadable timings: it was still finished by this sweep
+        return "ran"
+    return "copied" if (timings.get("harness") or {}).get("reused_from") else "ran"
+
+
+def outcomes_from_store(specs: Sequence[Any], before: dict[str, tuple | None] | None = None) -> list:
+    """CellOutcome of each planned cell from its folder: finished (summary.json: ran, copied, or
+    skipped when `before`, the summary_stamps taken at the start, shows it unchanged), failed
     (error.txt) or missing — for the -m table, where the jobs ran elsewhere."""
     from repro.harness.cell import CellOutcome
     from repro.results import CellStore
@@ -93,7 +122,8 @@ def outcomes_from_store(specs: Sequence[Any]) -> list:
     for s in specs:
         store = CellStore(s.results_dir, s.exp_name, s.signature)
         if store.is_finished():
-            out.append(CellOutcome(s.index, s.signature, "ran", str(store.dir), summary=store.read_summary()))
+            status = _finished_status(store, (before or {}).get(s.signature))
+            out.append(CellOutcome(s.index, s.signature, status, str(store.dir), summary=store.read_summary()))
         else:
             failed = store.path(store.ERROR).is_file()
             out.append(
@@ -108,4 +138,4 @@ def outcomes_from_store(specs: Sequence[Any]) -> list:
     return out
 
 
-__all__ = ["SweepProgress", "outcomes_from_store"]
+__all__ = ["SweepProgress", "outcomes_from_store", "summary_stamps"]

@@ -20,6 +20,7 @@ All problems of all cells are gathered into one ConfigError, grouped by message.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from repro.backends import UnknownBackendError, assembly, backend_module_path
@@ -33,6 +34,25 @@ NON_SERVING_BACKENDS = frozenset({"theory"})  # cells that ignore cluster/worklo
 
 class ConfigError(ValueError):
     """One clear message for everything wrong with a sweep; raised before any cell runs."""
+
+
+# Folders of the checkout no output may go into: files under repro/ count as package data in every
+# cell's fingerprint (all results would turn stale), conf/ and tests/ are read by composition and pytest.
+SOURCE_FOLDERS = ("repro", "conf", "tests")
+
+
+def output_dir_error(path: str | Path, what: str) -> str | None:
+    """Why `path` cannot hold outputs (None: it can): the repository's root or a source folder of it."""
+    from repro.confutil import PROJECT_ROOT
+
+    root = PROJECT_ROOT.resolve()
+    target = Path(path).expanduser().resolve()  # relative: to the cwd (results_dir comes absolute)
+    if target == root and (root / "conf").is_dir():
+        return f"{what} {str(path)!r} is the repository's root: name a folder of its own (default: results)"
+    for name in SOURCE_FOLDERS if (root / "conf").is_dir() else ("repro",):
+        if target == root / name or (root / name) in target.parents:
+            return f"{what} {str(path)!r} lies inside the repository's {name}/: put outputs elsewhere"
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,6 +118,11 @@ def value_errors(cfg: Mapping) -> list[str]:
         isinstance(results_dir, str) and results_dir.strip() != "",  # empty would mean the project root
         f"results_dir must name a folder (got {results_dir!r}; default: results)",
     )
+    if isinstance(results_dir, str) and results_dir.strip():
+        from repro.harness.sweep import absolute_results_dir
+
+        bad_dir = output_dir_error(absolute_results_dir(results_dir), "results_dir")
+        need(bad_dir is None, str(bad_dir))
     mode = get_path(cfg, "tracking.mode")
     need(mode in TRACKING_MODES, f"tracking.mode must be one of {', '.join(TRACKING_MODES)} (got {mode!r})")
     stream, points = get_path(cfg, "tracking.stream"), get_path(cfg, "tracking.max_points")

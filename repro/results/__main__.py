@@ -2,7 +2,8 @@
 
   status [--results-dir results] [EXP ...]
       fresh / stale / unfinished cells per experiment (stale: made by other code, data or library
-      versions than this checkout; the first reasons are shown). Exit 1 if any cell is stale.
+      versions than this checkout; the first reasons are shown). Exit 1 if any cell is stale,
+      damaged or unfinished (a folder without summary.json: failed, interrupted or emptied).
   diff A [B]
       cells (same experiment and signature) whose metrics differ between results folders A and B
       (B: the repository's results/), as `metric: old -> new`. Cells whose signature changed (a new
@@ -31,6 +32,7 @@ import argparse
 import json
 import math
 import random
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +41,7 @@ from repro.confutil import flatten
 from repro.results.store import CellStore
 
 REPO = Path(__file__).resolve().parents[2]
+_SIGNATURE = re.compile(r"[0-9a-f]{6,64}")  # a cell folder's name (repro.results.signature); not _hydra/
 
 
 def _experiments(root: Path, names: list[str]) -> list[str]:
@@ -72,13 +75,13 @@ def cmd_status(a) -> int:
     bad = False
     total_unfinished = 0
     for exp, rows in report.items():
-        n_unfinished = sum(
+        n_unfinished = sum(  # cell folders (named by a signature) without summary.json
             1
             for d in (root / exp).iterdir()
-            if d.is_dir() and not d.name.startswith(".") and not (d / CellStore.SUMMARY).exists()
+            if d.is_dir() and _SIGNATURE.fullmatch(d.name) and not (d / CellStore.SUMMARY).is_file()
         )
         n = {s: sum(r["state"] == s for r in rows) for s in ("fresh", "stale", "damaged")}
-        bad |= bool(n["stale"] or n["damaged"])
+        bad |= bool(n["stale"] or n["damaged"] or n_unfinished)
         print(
             f"{exp:24s} {n['fresh']:4d} fresh  {n['stale']:4d} stale  {n['damaged']:4d} damaged  "
             f"{n_unfinished:4d} unfinished"

@@ -9,6 +9,9 @@ A lock is dead, and may be broken, when
 - its owner ran on this host (same hostname and boot id) and that process is gone, or
 - its owner ran elsewhere and the file's mtime has not moved for `stale_after_s`
   (default 10 heartbeats) — clocks of the nodes must agree to within that (NTP; Slurm needs it too).
+- it is empty and older than EMPTY_AFTER_S: its creator never wrote it (a full disk, a crash
+  between create and write); broken with a warning instead of after `stale_after_s`.
+A create whose write fails (ENOSPC) removes its file before the error goes on.
 Breaking renames the dead file to a unique name first (atomic), so two processes breaking the
 same dead lock cannot both win; the loser simply sees the winner's fresh lock.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -30,6 +34,8 @@ from repro.results.store import CellStore
 LOCK = CellStore.LOCK
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 10 * HEARTBEAT_S
+EMPTY_AFTER_S = 1.0  # a creator writes its record microseconds after the create
+log = logging.getLogger(__name__)
 
 
 def _boot_id() -> str:
@@ -123,9 +129,12 @@ class CellLock:
     def is_dead(self, owner: dict | None = None) -> bool:
         owner = self.read_owner() if owner is None else owner
         try:
-            age = time.time() - self.path.stat().st_mtime
+            st = self.path.stat()
         except FileNotFoundError:
             return True
+        age = time.time() - st.st_mtime
+        if st.st_size == 0 and not owner:
+            return age > EMPTY_AFTER_S
         if owner and owner.get("host") == socket.gethostname() and owner.get("boot_id", "") == _boot_id():
             try:
                 return not _pid_alive(int(owner["pid"]), str(owner.get("start", "")))
@@ -155,10 +164,15 @@ class CellLock:
                 except FileNotFoundError:  # a releaser removed the empty folder meanwhile
                     continue
                 if fd is not None:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump(me, f)
-                        f.flush()
-                        os.fsync(f.fileno())
+                    try:
+                        with os.fdopen(fd, "w") as f:
+                            json.dump(me, f)
+                            f.flush()
+                            os.fsync(f.fileno())
+                    except OSError:  # a full disk: no empty lock may stay behind to stall the next run
+                        with contextlib.suppress(OSError):
+                            self.path.unlink()
+                        raise
                     # NFS: a retransmitted create can succeed for someone else; trust the content only
                     if (self.read_owner() or {}).get("token") != me["token"]:
                         return False
@@ -175,6 +189,8 @@ class CellLock:
             return True  # released meanwhile: try again
         if not self.is_dead(owner):
             return False
+        if not owner:
+            log.warning("%s: empty lock (its creator never wrote it: full disk or crash); broken", self.path)
         grave = self.path.with_name(f"{LOCK}.dead.{secrets.token_hex(6)}")
         try:
             os.rename(self.path, grave)

@@ -120,10 +120,16 @@ class CellStore:
         problems: list[str] = []
         if listed is None:
             return "unsealed", [f"no {self.MANIFEST} (made before cells were sealed, or by another tool)"]
+        edited = self._manifest_rewritten()
         for name, digest in sorted(listed.items()):
             try:
                 if sha256_file(self.dir / name) != digest:
-                    problems.append(f"{name} changed since the cell was finished")
+                    problems.append(
+                        f"{name} does not match its digest in {self.MANIFEST}, which was written after summary.json "
+                        f"(the manifest was edited?)"
+                        if edited
+                        else f"{name} changed since the cell was finished"
+                    )
             except FileNotFoundError:
                 problems.append(f"{name} is missing")
             except OSError as exc:
@@ -133,9 +139,18 @@ class CellStore:
                 problems.append(f"{name} was added after the cell was finished")
         recorded = self.requests_sha256()
         parquet = self.dir / self.REQUESTS
+        if parquet.is_symlink() or (parquet.exists() and not parquet.is_file()):  # a folder in its place
+            problems.append(f"{self.REQUESTS} is not a plain file")
         if recorded is not None and parquet.is_file() and sha256_file(parquet) != recorded:
             problems.append(f"{self.REQUESTS} is not the one {self.REQUESTS_SHA256} names")
         return ("damaged", problems) if problems else ("intact", [])
+
+    def _manifest_rewritten(self) -> bool:
+        """The manifest is newer than summary.json, which `finish` writes after it."""
+        try:
+            return (self.dir / self.MANIFEST).stat().st_mtime_ns > self.summary_path.stat().st_mtime_ns
+        except OSError:
+            return False
 
     def _covered_files(self) -> list[str]:
         if not self.dir.is_dir():

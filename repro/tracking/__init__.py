@@ -150,6 +150,19 @@ class FileCellTracker(CellTracker):
             self.run_dir = out
 
 
+class SeriesTracker(FileCellTracker):
+    """The cell's timeseries.parquet and nothing of W&B: what a cell keeps when W&B failed (in this
+    cell or earlier in the sweep). The series is a local result; losing W&B must not lose it."""
+
+    def __init__(
+        self, tracking: Mapping[str, Any], *, cell_dir: Path, config: Mapping[str, Any], swept: Mapping[str, Any]
+    ):
+        super().__init__({**tracking, "mode": "offline"}, cell_dir=cell_dir, config=config, swept=swept)
+
+    def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
+        pass
+
+
 class LiveCellTracker(CellTracker):
     """Live cells: an SDK run open for the whole cell, points streamed over wall time."""
 
@@ -268,9 +281,11 @@ class LiveCellTracker(CellTracker):
 class _Guarded(CellTracker):
     """Forward to a real tracker until it fails once; then warn and become a no-op."""
 
-    def __init__(self, inner: CellTracker):
+    def __init__(self, inner: CellTracker, fallback: CellTracker | None = None):
         super().__init__()
         self._inner: CellTracker | None = inner
+        self._fallback = fallback  # writes the series once the inner tracker failed
+        self._series_written = False
         self.run_dir = inner.run_dir
         self.failed = False  # set by the first failure (the harness then stops tracking the sweep)
 
@@ -299,9 +314,13 @@ class _Guarded(CellTracker):
 
     def write_series(self, cell_dir: Path, records: Any, samples: Mapping[str, Any] | None) -> None:
         self._call("write_series", cell_dir, records, samples)
+        if self._inner is None and self._fallback is not None:
+            self._fallback.write_series(cell_dir, records, samples)
 
     def copy_series(self, cell_dir: Path, source_dir: Path) -> None:
         self._call("copy_series", cell_dir, source_dir)
+        if self._inner is None and self._fallback is not None:
+            self._fallback.copy_series(cell_dir, source_dir)
 
     def log_result(self, summary: Mapping[str, Any], records: Any = None) -> None:
         self._call("log_result", summary, records)
@@ -319,8 +338,10 @@ def start_cell_tracking(
     exp_name: str,
     config: Mapping[str, Any],
     name: str | None = None,
+    series_only: bool = False,
 ) -> CellTracker:
-    """A tracker for one cell; never raises (a failure warns and returns the no-op tracker).
+    """A tracker for one cell; never raises (a failure warns and returns a tracker that still
+    writes the cell's series). `series_only`: W&B failed earlier in the sweep, do not try again.
 
     `name` is the cell's grid label ("policy=lbgr_rlt workload.request_rate=12.0"): its keys
     are the swept ones the display name shows.
@@ -332,6 +353,9 @@ def start_cell_tracking(
     backend = str((config.get("backend") or {}).get("name", ""))
     stream = tracking.get("stream", "auto")
     live = backend in LIVE_BACKENDS if stream in ("auto", None) else bool(stream)
+    series = SeriesTracker(tracking, cell_dir=Path(cell_dir), config=config, swept=swept)
+    if series_only:
+        return series
     try:
         if not live:
             inner: CellTracker = FileCellTracker(tracking, cell_dir=Path(cell_dir), config=config, swept=swept)
@@ -341,12 +365,20 @@ def start_cell_tracking(
             )
     except Exception as exc:  # ImportError (no wandb), init errors, timeouts
         _warn("start", exc)
-        return CellTracker()
-    return _Guarded(inner)
+        return series
+    return _Guarded(inner, series)
 
 
 def run_id(exp_name: str, signature: str, root: str) -> str:
     return runs.run_id(exp_name, signature, root)
 
 
-__all__ = ["CellTracker", "FileCellTracker", "LiveCellTracker", "Progress", "run_id", "start_cell_tracking"]
+__all__ = [
+    "CellTracker",
+    "FileCellTracker",
+    "LiveCellTracker",
+    "Progress",
+    "SeriesTracker",
+    "run_id",
+    "start_cell_tracking",
+]

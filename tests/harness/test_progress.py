@@ -42,7 +42,7 @@ def test_inprocess_grid_prints_progress_lines_to_a_pipe(tmp_path):
 def test_multirun_prints_the_summary_table(tmp_path):
     res = run_subprocess(tmp_path, "-m", "+exp=tiny", NO_WANDB, "hydra/launcher=basic", timeout=300)
     assert res.returncode == 0, res.stderr
-    assert "tiny: 4 finished, 0 failed, 0 missing" in res.stdout
+    assert "tiny: 4 finished (4 ran, 0 copied from a finished twin, 0 skipped), 0 failed, 0 missing" in res.stdout
     header = next(ln for ln in res.stdout.splitlines() if "status" in ln and "sig" in ln)
     assert "policy" in header and "hit_rate" in header
     sigs = {p.parent.name for p in (tmp_path / "tiny").glob("*/summary.json")}

@@ -109,3 +109,65 @@ def test_kill_9_of_a_joblib_sweep_ends_its_workers(tmp_path):
         wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
         assert not list(results.glob("tiny_fake/*/summary.json"))  # killed mid-cell, not finished
         no_half_written_cells(results)
+
+
+def test_kill_9_of_a_joblib_sweep_while_its_workers_start(tmp_path):
+    """issue 41 (4): a kill -9 of a `hydra/launcher=joblib` sweep as soon as its loky workers exist
+    (before or while they import the task): they were re-parented, `die_with_sweep` found another
+    parent and returned unarmed, and they ran cells (or idled until loky's 300 s timeout) with their
+    resource trackers. Now loky's initializer arms them on start, and a worker whose sweep is gone
+    exits before any cell: no process is left and no cell file is written."""
+    for k in range(REPEAT):
+        results, marker = tmp_path / f"run{k}", uuid.uuid4().hex
+        p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "backend.sleep_s=30.0", marker=marker)
+        wait_for(lambda: len(processes_with(marker)) >= 2 + k % 2, 120, "the loky workers to exist")
+        os.kill(p.pid, signal.SIGKILL)
+        p.communicate(timeout=120)
+        wait_for(lambda: not processes_with(marker), 60, "every loky worker and tracker to exit")
+        assert not list(results.glob("tiny_fake/*/summary.json"))
+        no_half_written_cells(results)
+
+
+def _catches_sigint(pid: int) -> bool:
+    """Python has installed its SIGINT handler (before that, SIGINT's default action ends the process)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.parametrize("form", ["inprocess", "multirun"])
+def test_ctrl_c_in_the_first_seconds_is_one_line(tmp_path, form):
+    """issue 41 (5): a Ctrl-C while repro.run still imports printed a 22-102-line KeyboardInterrupt
+    traceback and died of the signal. Now: exit 130 and one line, whenever it comes."""
+    for k in range(REPEAT):
+        results, marker = tmp_path / f"run{k}", uuid.uuid4().hex
+        args = ["+exp=tiny_fake", NO_WANDB, "backend.sleep_s=2.0"]
+        p = start(results, *(["-m", *args] if form == "multirun" else [*args, "n_jobs=1"]), marker=marker)
+        wait_for(lambda: _catches_sigint(p.pid), 60, "the interpreter to handle SIGINT")
+        _signal_group(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 130, (k, p.returncode, err[-3000:])
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+        assert "stopped (Ctrl-C)" in err
+
+
+def test_a_double_ctrl_c_of_a_joblib_sweep_exits_130(tmp_path):
+    """issue 41 (5): a second Ctrl-C of a `hydra/launcher=joblib` sweep could hang in loky's cleanup
+    ('Popen' object has no attribute 'kill') or end it by the signal; now it exits 130 at once and
+    its workers die with it."""
+    for k in range(REPEAT):
+        results, marker = tmp_path / f"run{k}", uuid.uuid4().hex
+        p = start(results, "-m", "+exp=tiny_fake", NO_WANDB, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "backend.sleep_s=4.0", marker=marker)
+        wait_for(lambda: len(processes_with(marker)) >= 3 and list(results.glob("tiny_fake/*/config.yaml")), 120,
+                 "the joblib workers to start cells")
+        _signal_group(p.pid, signal.SIGINT)
+        _signal_group(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)  # the hang guard
+        assert p.returncode == 130, (k, p.returncode, err[-3000:])
+        assert "stopped (Ctrl-C)" in err, err[-3000:]
+        wait_for(lambda: not processes_with(marker), 30, "every loky worker and tracker to exit")

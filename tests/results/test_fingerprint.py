@@ -188,13 +188,28 @@ def _fake_distribution(site: Path, top: str, direct_url: dict | None) -> None:
         (info / "direct_url.json").write_text(json.dumps(direct_url))
 
 
+def _fake_egg_info(src: Path, top: str) -> None:
+    """What `pip install -e` of a setup.py project leaves in its source folder: <name>.egg-info beside the code."""
+    (src / top).mkdir()
+    (src / top / "__init__.py").write_text("def pick(w):\n    return w\n")
+    info = src / f"{top}.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: {top}\nVersion: 0.1.0\n")
+    (info / "top_level.txt").write_text(top + "\n")
+    (info / "SOURCES.txt").write_text(f"{top}/__init__.py\n")
+
+
 def test_editable_installs_count_by_code_released_ones_by_version(tmp_path, monkeypatch):
     from repro import codehash
     from repro.confutil import PROJECT_ROOT
 
-    _fake_distribution(tmp_path, "h32_editable_pkg", {"url": f"file://{tmp_path}", "dir_info": {"editable": True}})
-    _fake_distribution(tmp_path, "h32_released_pkg", None)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    _fake_distribution(site, "h32_editable_pkg", {"url": f"file://{tmp_path}", "dir_info": {"editable": True}})
+    _fake_distribution(site, "h32_released_pkg", None)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(codehash, "_site_dirs", lambda: frozenset({site.resolve()}))
+    tmp_path = site
     for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
         memo.cache_clear()
     try:
@@ -207,6 +222,45 @@ def test_editable_installs_count_by_code_released_ones_by_version(tmp_path, monk
     finally:
         for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
             memo.cache_clear()
+
+
+def test_metadata_beside_source_is_no_release(tmp_path, monkeypatch):
+    """Issue 41 point 3: an .egg-info (or even a dist-info with RECORD) found in a folder on the path
+    that is no site-packages folder does not make its package a release: its code is hashed, an
+    edit makes the cells stale."""
+    from repro import codehash
+    from repro.confutil import PROJECT_ROOT
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _fake_egg_info(src, "h41_egg_pkg")
+    _fake_distribution(src, "h41_record_pkg", None)  # RECORD, but not where an installer puts it
+    monkeypatch.syspath_prepend(str(src))
+    for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
+        memo.cache_clear()
+    try:
+        from importlib import metadata
+
+        assert metadata.version("h41_egg_pkg") == "0.1.0"  # importlib does find the metadata
+        assert codehash.module_origin("h41_egg_pkg", PROJECT_ROOT) == ("code", src)
+        assert codehash.module_origin("h41_record_pkg", PROJECT_ROOT) == ("code", src)
+        before = codehash.code_fingerprint(["h41_egg_pkg"], root_dir=PROJECT_ROOT)
+        assert list(before["code"]) == ["h41_egg_pkg/__init__.py"] and "h41_egg_pkg" not in before["versions"]
+        edit_a_function(src / "h41_egg_pkg" / "__init__.py")
+        after = codehash.code_fingerprint(["h41_egg_pkg"], root_dir=PROJECT_ROOT)
+        assert before["code"] != after["code"] and set(after["code"]) == {"h41_egg_pkg/__init__.py"}
+    finally:
+        for memo in (codehash._origin_cached, codehash._distributions, codehash._dist_info):
+            memo.cache_clear()
+
+
+def test_the_projects_dependencies_stay_releases():
+    from repro import codehash
+    from repro.confutil import PROJECT_ROOT
+
+    for top, dist in (("numpy", "numpy"), ("yaml", "pyyaml"), ("omegaconf", "omegaconf")):
+        kind, versions = codehash.module_origin(top, PROJECT_ROOT)
+        assert kind == "version" and dist in versions, (top, kind, versions)
 
 
 def test_theory_cells_do_not_depend_on_routers_or_workloads(checkout):

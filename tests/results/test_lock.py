@@ -149,3 +149,39 @@ def test_a_stop_inside_release_still_unlinks(tmp_path, monkeypatch):
         pass
     assert not (tmp_path / "cell" / LOCK).exists() and lock.owner is None
     assert (tmp_path / "cell" / "summary.json").exists()  # a folder with files stays
+
+
+def test_a_full_disk_leaves_no_lock(tmp_path, monkeypatch):
+    """issue 41 (7): ENOSPC while the owner record was written left a 0-byte .lock that stalled the
+    next run for ~120 s. Now the create removes its file before the error goes on."""
+    import errno
+
+    import pytest
+
+    from repro.results import lock as lock_mod
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lock_mod.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        CellLock(tmp_path).try_acquire()
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_an_empty_lock_is_broken_at_once_with_a_warning(tmp_path, caplog):
+    (tmp_path / LOCK).write_bytes(b"")
+    past = time.time() - 5  # older than a create-then-write takes (EMPTY_AFTER_S), far below the heartbeat limit
+    os.utime(tmp_path / LOCK, (past, past))
+    lock = CellLock(tmp_path)
+    with caplog.at_level("WARNING", logger="repro.results.lock"):
+        assert lock.try_acquire()
+    assert "empty lock" in caplog.text and str(tmp_path / LOCK) in caplog.text
+    lock.release()
+
+
+def test_a_lock_being_written_is_not_broken(tmp_path):
+    (tmp_path / LOCK).write_bytes(b"")  # just created: its owner writes it within microseconds
+    soon = time.time() + 60  # "just now" whatever the load of the machine
+    os.utime(tmp_path / LOCK, (soon, soon))
+    assert not CellLock(tmp_path).try_acquire()

@@ -185,6 +185,14 @@ def _start_router(plan: CellPlan, deadline: float) -> tuple[ManagedProcess, floa
     raise AssertionError("unreachable")
 
 
+def _check_router(router: ManagedProcess) -> None:
+    """ServerStartError naming the router when it has exited (ours or sglang-router): the requests
+    it failed are the router's loss, not the policy's, so the cell fails instead of being saved."""
+    rc = router.poll()
+    if rc is not None:
+        raise ServerStartError(router.describe_failure(f"exited with code {rc} in the middle of the cell"))
+
+
 def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float], None] | None = None) -> PlanResult:
     """Start the workers and the router, replay `requests`, collect statistics, tear down."""
     from repro.backends.sglang.client import ClientConfig, replay
@@ -239,6 +247,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
 
             async def _watch_nodes():  # a lost node or server fails the cell (it cannot be replaced)
                 while True:
+                    _check_router(router)
                     for r in remote + local_servers:
                         rc = r.poll()
                         if rc is not None:
@@ -257,6 +266,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                 try:
                     done, _ = await asyncio.wait({run, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                     if run in done:
+                        _check_router(router)  # a dead router fails every request fast: the replay ends first
                         return run.result()
                     if watch in done:
                         r, rc = watch.result()

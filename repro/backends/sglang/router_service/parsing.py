@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 
@@ -35,7 +36,31 @@ class RequestParser:
         _check_unicode(body)
         protocol.check_known_keys(body)
         inp = protocol.parse_generate_request(body)
+        check_sampling(body)  # before anything is allocated for the request
         return inp, self.prompt_ids(inp)
+
+
+# The most tokens one request may ask for: the service allocates a reply buffer of that length at
+# dispatch (2**33 answered 500, 2**31 - 1 allocated 8 GB first); far above any model's context.
+MAX_NEW_TOKENS_LIMIT = 1 << 20
+
+
+def check_sampling(body: dict) -> None:
+    """What SGLang would refuse (or choke on) as a 400: a bounded reply, finite sampling parameters
+    (JSON's NaN and 1e400 parse to nan / inf). `text` beside `input_ids` stays allowed: the
+    project's client sends both (text for text-matching routers, the ids for the server)."""
+    sp = body.get("sampling_params") or {}
+    max_new = sp.get("max_new_tokens")
+    if isinstance(max_new, int) and max_new > MAX_NEW_TOKENS_LIMIT:
+        raise protocol.ProtocolError(f"sampling_params.max_new_tokens must be <= {MAX_NEW_TOKENS_LIMIT}, got {max_new}")
+    for key, value in sp.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise protocol.ProtocolError(f"sampling_params.{key} must be a finite number, got {value!r}")
+    temperature = sp.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0
+    ):
+        raise protocol.ProtocolError(f"sampling_params.temperature must be a number >= 0, got {temperature!r}")
 
 
 def _check_unicode(body) -> None:
@@ -100,4 +125,12 @@ def parse_in_child(raw: bytes) -> tuple[protocol.GenerateInput, np.ndarray]:
     return dataclasses.replace(inp, body={}), ids  # the body is not needed back (and may be megabytes)
 
 
-__all__ = ["INLINE_PARSE_BYTES", "ParserPool", "RequestParser", "check_content_type", "parse_in_child"]
+__all__ = [
+    "INLINE_PARSE_BYTES",
+    "MAX_NEW_TOKENS_LIMIT",
+    "ParserPool",
+    "RequestParser",
+    "check_content_type",
+    "check_sampling",
+    "parse_in_child",
+]
