@@ -13,6 +13,7 @@ from repro.routing.cache_aware import CacheAwareRouter
 from repro.routing.dynamo import DynamoRouter
 from repro.routing.lbgr import LBGRRouter
 from repro.routing.llmd import LLMDRouter
+from repro.routing.fixed import FixedRouter
 from repro.routing.simple import PowerOfTwoRouter, RandomRouter, RoundRobinRouter
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "WorkerView",
     "RandomRouter",
     "RoundRobinRouter",
+    "FixedRouter",
     "CacheAwareRouter",
     "LBGRRouter",
     "PowerOfTwoRouter",
