@@ -29,10 +29,11 @@ def _compose(overrides):
 def test_a_live_cell_writes_a_trace_the_simulator_replays_exactly(tmp_path):
     import repro.backends.sim as sim_backend
 
-    live = backend.run_cell(_compose([
+    cfg = _compose([
         "backend=sglang", "backend.emulate=true", "backend.time_scale=5", "policy=round_robin_lru",
         "workload=gsp", "workload.num_queries=12", "workload.num_groups=2", "workload.prompts_per_group=6", "workload.request_rate=2.0", "cluster.num_workers=2",
-        "cluster.kv_cache_tokens=40000", f"results_dir={tmp_path}", "exp_name=observe"]))
+        "cluster.kv_cache_tokens=40000", f"results_dir={tmp_path}", "exp_name=observe"])
+    live = backend.run_cell(cfg)
     path = Path(live.timings["log_dir"]) / "trace.jsonl"
     rows = read_trace(path)
     rec = live.records
@@ -49,3 +50,10 @@ def test_a_live_cell_writes_a_trace_the_simulator_replays_exactly(tmp_path):
     assert sim["worker"].tolist() == rec["worker"].tolist()
     assert np.array_equal(sim["cached_tokens"].to_numpy(), rec["cached_tokens"].to_numpy()), (
         sim["cached_tokens"].tolist(), rec["cached_tokens"].tolist())
+
+    # the same through check (b) of repro.analysis.sim_vs_real: the cell's own config, its trace
+    from repro.analysis.sim_vs_real_cache import compare_cell, replay_cell
+    from repro.confutil import to_plain
+
+    check = replay_cell(path, to_plain(cfg))
+    assert check.real == tuple(rec["cached_tokens"]) and check.differ == [], compare_cell(check)
