@@ -60,7 +60,11 @@ def _post(url: str, body: dict, timeout_s: float = 300.0) -> dict:
         url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
     )
     with _OPENER.open(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
+        raw = resp.read()
+    try:
+        return json.loads(raw)
+    except ValueError:  # /flush_cache answers plain text
+        return {"text": raw.decode(errors="replace")}
 
 
 def observe_sequential(url: str, requests: Sequence[Request]) -> tuple[list[int], list[list[int]]]:
