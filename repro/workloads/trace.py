@@ -258,6 +258,24 @@ def trace_rows(
     return out
 
 
+def request_rows(requests: Sequence[Request], servers: Sequence[int] | None = None) -> list[dict]:
+    """Any workload's requests as trace rows (their own arrivals and output ids), each assigned
+    `servers[i]` when given: a workload replayed through the fixed router."""
+    out = []
+    for i, r in enumerate(requests):
+        row: dict = {
+            "input_ids": [int(x) for x in r.prompt_tokens],
+            "arrival_s": float(r.arrival_s),
+            "output_len": int(r.output_len),
+            "output_ids": [int(x) for x in r.generated_tokens],
+            "group": int(r.group_id),
+        }
+        if servers is not None:
+            row["server"] = int(servers[i])
+        out.append(row)
+    return out
+
+
 def write_trace(path: str | Path, rows: Sequence[dict]) -> None:
     """Write trace rows as JSON Lines (atomically: a reader never sees half a trace)."""
     from repro.fileio import write_atomic
@@ -266,4 +284,13 @@ def write_trace(path: str | Path, rows: Sequence[dict]) -> None:
     write_atomic(str(path), text)
 
 
-__all__ = ["FORMAT_ID", "KEYS", "TraceWorkload", "read_trace", "row_problem", "trace_rows", "write_trace"]
+__all__ = [
+    "FORMAT_ID",
+    "KEYS",
+    "TraceWorkload",
+    "read_trace",
+    "request_rows",
+    "row_problem",
+    "trace_rows",
+    "write_trace",
+]
