@@ -4,6 +4,12 @@ and through the simulator, side by side.
     python -m repro.analysis.sim_vs_real run --root results_sim_vs_real --rates 2,12 --repeats 3 \\
         --python /work/main/.venv-sglang/bin/python          # real cells (repeats) + simulator cells
     python -m repro.analysis.sim_vs_real table --root results_sim_vs_real   # -> <root>/table.md
+    python -m repro.analysis.sim_vs_real cache --python .venv-sglang/bin/python --out DIR   # check (a)
+    python -m repro.analysis.sim_vs_real cell <live cell folder>                         # check (b)
+
+`cache` and `cell` are the part-by-part checks (sim_vs_real_cache.py): (a) the cache alone, one
+real server per KV size, requests one at a time, exact request by request; (b) a live cell's own
+trace and server assignments replayed through the simulator, every difference exact or attributed.
 
 `run` calls `python -m repro.run +exp=live_cpu_gsp workload.request_rate=R` once per rate into
 <root>/sim (backend=sim) and `--repeats` times into <root>/real/rep<i> (backend=sglang, real servers);
@@ -27,6 +33,15 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import pandas as pd
+
+from repro.analysis.sim_vs_real_cache import (
+    DEFAULT_CAPACITIES,
+    cache_table_markdown,
+    compare_cache,
+    compare_cell,
+    replay_cell,
+    run_cache_check,
+)
 
 EXP = "live_cpu_gsp"
 SYSTEMS = ("RoundRobin+LRU", "CacheAware+LRU", "CacheAware+RLT", "LBGR+RLT")  # the cells' policy_name, in order
@@ -270,6 +285,41 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _capacities(text: str) -> list[int]:
+    try:
+        caps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--capacities: comma-separated integers, got {text!r}") from None
+    if not caps or any(c < 16 for c in caps):
+        raise argparse.ArgumentTypeError(f"--capacities: integers >= 16, got {text!r}")
+    return caps
+
+
+def _check_main(args: argparse.Namespace) -> int:
+    """Checks (a) `cache` and (b) `cell` (sim_vs_real_cache.py): print the table; exit 1 unless exact
+    (for (b): every difference attributed)."""
+    if args.cmd == "cache":
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table = compare_cache(run_cache_check(args.python, args.capacities, out))
+        ok = bool(table["exact"].all())
+        text = cache_table_markdown(table)
+        (out / "cache_table.md").write_text(text)
+    else:
+        import yaml
+
+        cell = Path(args.cell)
+        trace, config = cell / "logs" / "trace.jsonl", cell / "config.yaml"
+        for f in (trace, config):
+            if not f.is_file():
+                raise SystemExit(f"sim_vs_real cell: {f} not found (a live cell's folder has both)")
+        table = compare_cell(replay_cell(trace, yaml.safe_load(config.read_text())))
+        ok = bool(table["exact or attributed"].all())
+        text = cache_table_markdown(table)
+    print(text)
+    return 0 if ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.analysis.sim_vs_real", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -291,7 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--root", required=True)
     t.add_argument("--sim", default="sim", help="the simulator's folder under root (e.g. sim_slow3)")
     t.add_argument("--out", default=None, help="default: <root>/table.md")
+    c = sub.add_parser("cache", help="(a) one real server per KV size, requests one at a time, vs the simulator")
+    c.add_argument("--python", required=True, help="the SGLang server's interpreter")
+    c.add_argument("--capacities", type=_capacities, default=list(DEFAULT_CAPACITIES), help="KV tokens, e.g. 1000,1200")
+    c.add_argument("--out", required=True, help="folder for the servers' logs and cache_table.md")
+    e = sub.add_parser("cell", help="(b) a live cell's trace (logs/trace.jsonl) replayed with its assignments")
+    e.add_argument("cell", help="the live cell's folder (config.yaml, logs/trace.jsonl)")
     args = ap.parse_args(argv)
+    if args.cmd in ("cache", "cell"):
+        return _check_main(args)
     root = Path(args.root)
     if args.cmd == "run":
         if args.repeats < 1:

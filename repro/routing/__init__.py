@@ -11,9 +11,10 @@ worker_id, now_s)` when the request will not complete on the worker it was route
 from repro.routing.base import Router, WorkerView
 from repro.routing.cache_aware import CacheAwareRouter
 from repro.routing.dynamo import DynamoRouter
-from repro.routing.least_load import LeastLoadRouter
+from repro.routing.fixed import FixedRouter
 from repro.routing.lbgr import LBGRRouter
 from repro.routing.lbgr_shipped import LBGRShippedRouter
+from repro.routing.least_load import LeastLoadRouter
 from repro.routing.llmd import LLMDRouter
 from repro.routing.lmetric import LMetricRouter
 from repro.routing.prefix_hash import PrefixHashRouter
@@ -24,6 +25,7 @@ __all__ = [
     "WorkerView",
     "RandomRouter",
     "RoundRobinRouter",
+    "FixedRouter",
     "CacheAwareRouter",
     "LBGRRouter",
     "LBGRShippedRouter",

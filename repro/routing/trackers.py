@@ -49,6 +49,12 @@ def tracker_access(cache, key: bytes) -> int:
     return fit
 
 
+def finished_path(key: bytes, full_key: bytes) -> bytes:
+    """What a worker caches of a finished request's path `full_key` (prompt `key` + its reply):
+    everything but the reply's last token, whose KV is never computed."""
+    return full_key[:-4] if len(full_key) > len(key) else full_key
+
+
 def listen_evictions(cache, listener: Callable[[bytes, int], None]) -> None:
     """Make `cache` call listener(path_key, kept_tokens) before each eviction: the tokens of the
     path `path_key` (packed int32, ending at the evicted leaf's end) deeper than `kept_tokens`
@@ -409,7 +415,12 @@ class ApproximateTracker:
             self.index.add_cached(key, tracker_access(self.caches[worker], key), worker)
 
     def completed(self, key: bytes, full_key: bytes, worker: int) -> None:
-        """The prompt `key` finished on `worker`; `full_key` = prompt + generated tokens."""
+        """The prompt `key` finished on `worker`; `full_key` = prompt + generated tokens.
+
+        The worker caches all but the last generated token (SGLang never feeds the last sampled
+        token forward, so it has no KV: prompt + output - 1; docs/ALGORITHMS.md §7).
+        """
+        full_key = finished_path(key, full_key)
         fit = tracker_access(self.caches[worker], full_key)
         self.index.complete(key, full_key, fit, worker, self.track_inflight)
 

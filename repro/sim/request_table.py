@@ -91,11 +91,15 @@ class RequestTable:
         return k
 
     def gen_key(self, i: int) -> bytes:
-        """Key of the generated tokens alone."""
-        return _int32_key(self.requests[i].generated_tokens)
+        """Key of the generated tokens a finished request leaves in the tree: all but the last.
+
+        SGLang never feeds the last sampled token forward, so it has no KV: a finished request
+        caches prompt + output - 1 tokens (docs/ALGORITHMS.md §7, "KV of a request").
+        """
+        return _int32_key(self.requests[i].generated_tokens[:-1])
 
     def full_key(self, i: int) -> bytes:
-        """Key of the complete path prompt || generated."""
+        """Key of the path a finished request leaves in the tree: prompt || gen_key."""
         return self.prompt_key[i] + self.gen_key(i)
 
 

@@ -106,7 +106,9 @@ class SimWorker:
         self.n_admitted = 0  # admitted and unfinished (prefilling or running)
         self.context_tokens = 0  # sum of (prompt + generated) over the running batch
         self.active_kv_tokens = 0  # same over all admitted, unfinished requests
-        self.live_generated = 0  # generated tokens of unfinished requests (not in the tree yet)
+        # KV of generated tokens of unfinished requests (not in the tree yet): generated - 1 each,
+        # the last sampled token is fed (gets KV) by the next decode step (SGLang's kv_committed_len)
+        self.live_generated = 0
         self.reserved_tokens = 0  # output tokens reserved by admitted, unfinished requests
         self.decode_steps = 0
         self.prefill_steps = 0
@@ -266,9 +268,7 @@ class SimWorker:
             if pf < clen[i]:
                 chunked = i
                 continue
-            t.first_token_s[i] = now
-            self.live_generated += 1
-            self.active_kv_tokens += 1
+            t.first_token_s[i] = now  # its first token is sampled, not fed: no KV for it yet
             out = t.output_len[i]
             if out == 1:
                 self._finish(i, now)
@@ -318,8 +318,8 @@ class SimWorker:
         self.cache.dec_lock_ref(lock)
         t.lock_node[i] = None
         t.finish_s[i] = now
-        self.live_generated -= out
-        self.active_kv_tokens -= t.prompt_len[i] + out
+        self.live_generated -= out - 1  # it held prompt + out - 1 (the last token never fed)
+        self.active_kv_tokens -= t.prompt_len[i] + out - 1
         self.n_admitted -= 1
 
 

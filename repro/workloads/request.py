@@ -37,6 +37,7 @@ class Request:
         "group_id",
         "conversation_id",
         "turn",
+        "server",
         "_prompt",
         "_text",
         "_pool",
@@ -51,6 +52,7 @@ class Request:
     conversation_id: int
     turn: int
     text: str | None  # prompt text when the workload has it
+    server: int | None  # the worker a recorded trace assigns it (the fixed router reads it), else None
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class Request:
         conversation_id: int,
         turn: int,
         text: str | None = None,
+        server: int | None = None,
     ) -> None:
         s = object.__setattr__
         s(self, "id", id)
@@ -74,6 +77,7 @@ class Request:
         s(self, "conversation_id", conversation_id)
         s(self, "turn", turn)
         s(self, "_text", text)
+        s(self, "server", server)
         s(self, "_pool", None)
         s(self, "_q", -1)
         self._check()
@@ -92,6 +96,7 @@ class Request:
         s(r, "conversation_id", pool.q_conversation[q])
         s(r, "turn", pool.q_turn[q])
         s(r, "_text", None)
+        s(r, "server", None)
         s(r, "_pool", pool)
         s(r, "_q", q)
         return r  # output_len is len(generated_tokens) by construction
@@ -163,6 +168,7 @@ class Request:
                 self.conversation_id,
                 self.turn,
                 self.text,
+                self.server,
             ),
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -104,3 +105,63 @@ def test_slowdown_overrides_make_every_step_longer_by_the_factor():
     for args in ((300, 300 * 150.0, 0, 0), (16, 16 * 2056.0, 0, 0), (0, 0.0, 8, 8 * 400.0), (64, 64 * 32.0, 4, 1200.0)):
         assert b.step_time_s(*args) == pytest.approx(3 * a.step_time_s(*args), rel=1e-6)
     assert svr.sim_folder(1.0) == "sim" and svr.sim_folder(3.0) == "sim_slow3"
+
+
+# ---------------------------------------------------------------------------- checks (a) and (b)
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from repro.analysis import sim_vs_real_cache as svc  # noqa: E402
+
+
+def _lcp(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 20))
+def test_sequential_replay_without_eviction_matches_the_rule(seed, n):
+    """Reference: with room for everything, request i's cached tokens are its longest common prefix
+    with an earlier request's prompt + output - 1 (what a finished request leaves), capped at its
+    prompt."""
+    reqs = svc.eviction_trace(num_requests=n, num_prefixes=3, seed=seed)
+    rng = np.random.default_rng(seed)
+    outs = [[int(x) for x in rng.integers(0, 5, 4)] for _ in reqs]
+    got = svc.replay_sequential(reqs, outs, capacity=100_000)
+    left = []
+    for r, o in zip(reqs, outs):
+        prompt = r.prompt_tokens.tolist()
+        want = max((_lcp(prompt, path) for path in left), default=0)
+        assert got[len(left)] == min(want, len(prompt)), len(left)
+        left.append(prompt + o[:-1])
+
+
+def test_eviction_trace_evicts_and_hits_at_the_ci_capacities():
+    reqs = svc.eviction_trace()
+    outs = [[7, 8, 9, 10]] * len(reqs)
+    roomy = svc.replay_sequential(reqs, outs, 100_000)
+    for cap in svc.DEFAULT_CAPACITIES:
+        got = svc.replay_sequential(reqs, outs, cap)
+        assert 0 < sum(x > 0 for x in got) and got != roomy  # hits, and fewer than without eviction
+
+
+def test_cache_table_says_exact_and_lists_differences():
+    t = svc.compare_cache([svc.CacheCheck(1000, (0, 5, 7), (0, 5, 7)), svc.CacheCheck(1200, (0, 5, 7), (0, 4, 7))])
+    assert t["exact"].tolist() == [True, False] and t["same cached tokens"].tolist() == [3, 2]
+    assert t.iloc[1]["first differences (request: real/sim)"] == "1: 5/4"
+    assert "| KV tokens |" in svc.cache_table_markdown(t)
+
+
+def test_cell_table_attributes_differences():
+    ok = svc.compare_cell(svc.CellCheck((1, 2), (1, 2), ()))
+    assert ok.iloc[0]["exact or attributed"] and ok.iloc[0]["attributed to"] == "-"
+    t = svc.compare_cell(svc.CellCheck((1, 2, 3), (1, 0, 0), (svc.OVERLAP, svc.UNEXPLAINED)))
+    assert not t.iloc[0]["exact or attributed"] and "1 x unexplained" in t.iloc[0]["attributed to"]
+
+
+def test_cli_refuses_a_folder_without_a_trace(tmp_path):
+    with pytest.raises(SystemExit, match="trace.jsonl not found"):
+        svr.main(["cell", str(tmp_path)])

@@ -4,6 +4,7 @@ with emulated workers (start -> replay -> teardown), a worker killed mid-run."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -248,12 +249,15 @@ def _run(cfg, requests, tmp_path, capacities=None):
     return plan, orchestrate.run_plan(plan, requests)
 
 
-def _no_process_left(plan):
+def _no_process_left(plan, died=()):
     import json
 
     codes = json.loads((Path(plan.log_dir) / "exit_codes.json").read_text())
     assert set(codes) == {p.name for p in plan.workers} | {plan.router.name}
-    assert all(c is not None for c in codes.values())
+    # each was alive at teardown and exited after our SIGTERM (but those in `died`: gone before it),
+    # its session empty afterwards
+    assert all(c["ended"] == ("died" if name in died else "stopped") and c["exit_code"] is not None
+               and c["left_in_session"] == [] for name, c in codes.items()), codes
 
 
 def test_a_whole_cell_on_emulated_workers(tmp_path):
@@ -287,28 +291,23 @@ def test_workers_that_never_become_healthy_fail_fast_and_are_torn_down(tmp_path)
     import json
 
     codes = json.loads((plan_dir / "exit_codes.json").read_text())
-    assert set(codes) == {"worker0", "worker1"} and all(c is not None for c in codes.values())
+    assert set(codes) == {"worker0", "worker1"} and all(c["ended"] == "stopped" for c in codes.values()), codes
 
 
-def test_a_worker_killed_mid_run_never_hangs_the_cell(tmp_path):
-    """Worker 1 dies hard when its 6th request arrives: that request and later ones go to worker 0
-    (retry before the first byte), requests it was streaming fail; every request is accounted for."""
+def test_a_worker_killed_mid_run_fails_the_cell_as_a_death_and_never_hangs(tmp_path):
+    """Worker 1 dies hard when its 6th request arrives: the cell fails with ServerDiedError (not a
+    start-up error) naming it, whether the watch saw it during the replay or only after it; in
+    exit_codes.json worker 1 "died" (code 137) and the others were "stopped" by us."""
     reqs = make_requests(40, prompt_len=80, output_len=4, rate=60.0, groups=4)
     cfg = _cfg(2, emulator={"faults": {1: {"exit_after_requests": 6}}})
-    plan, res = _run(cfg, reqs, tmp_path)
-    rec = res.records
-    st = res.router_stats
-    n_failed = int(rec["failed"].sum())
-    assert len(rec) == 40
-    assert st["completed"] + st["failed"] == 40 and st["failed"] == n_failed
-    assert st["workers"][1]["healthy"] is False
-    assert (rec.loc[~rec["failed"], "worker"] == 1).sum() <= 5  # worker 1 finished at most 5 requests
-    assert st["retried"] + st["failed"] >= 1  # its death was noticed: a retry or a failed stream
-    assert res.client_report["num_failed"] == n_failed
-    from repro.metrics.summary import summarize
-
-    assert summarize(rec)["num_failed"] == n_failed
-    _no_process_left(plan)
+    with pytest.raises(orchestrate.ServerDiedError) as info:
+        _run(cfg, reqs, tmp_path)
+    assert not isinstance(info.value, ServerStartError)
+    assert "worker1 exited with code 137 in the middle of the cell" in str(info.value)
+    plan = orchestrate.plan_cell(cfg, [20_000] * 2, _seeds(2), tmp_path / "logs")  # the same names and folder
+    _no_process_left(plan, died=("worker1",))
+    codes = json.loads((tmp_path / "logs" / "exit_codes.json").read_text())
+    assert codes["worker1"]["exit_code"] == 137
 
 
 def test_plan_spreads_workers_over_the_nodes_of_a_slurm_job(tmp_path, monkeypatch):

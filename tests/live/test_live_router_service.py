@@ -156,9 +156,10 @@ def test_views_track_waiting_running_and_prefill_tokens():
 
     waiting, running, after, result = run_async(main(), 30)
     assert waiting == (1, 1, 0, 40, 0)
-    assert running == (1, 0, 1, 0, 41)
+    # KV held as SGLang's: the prompt; the first sampled token is fed (gets KV) by the next step
+    assert running == (1, 0, 1, 0, 40)
     assert after[:5] == (0, 0, 0, 0, 0)
-    assert after[5] == 40 and after[6] == 43  # tracker: prompt + the 3 generated ids
+    assert after[5] == 40 and after[6] == 42  # tracker: prompt + 2 of the 3 generated ids (the last has no KV)
     assert result[0] == 200 and result[2][-1] is protocol.DONE
 
 

@@ -67,6 +67,9 @@ def test_a_whole_cell_on_real_servers(tmp_path, test_mark):
     for name in ("plan.json", "server0.log", "server1.log", "router.log", "client_report.json", "exit_codes.json"):
         assert (logs / name).is_file(), name
     assert "Tree cache initialized: source=registered('repro_radix') impl=RadixCache" in (logs / "server0.log").read_text()
+    # a clean teardown: each process exited after our SIGTERM (SGLang's server with -9, its own kill)
+    codes = json.loads((logs / "exit_codes.json").read_text())
+    assert all(c["ended"] == "stopped" and c["left_in_session"] == [] for c in codes.values()), codes
     assert wait_no_orphans(test_mark) == []
 
 
@@ -141,8 +144,8 @@ def test_port_in_use_fails_fast_naming_the_server(tmp_path, test_mark):
 
 
 def test_server_dying_mid_cell_fails_the_cell_fast(tmp_path, test_mark):
+    from repro.backends.sglang.errors import ServerDiedError, ServerStartError
     from repro.backends.sglang.orchestrate import run_plan
-    from repro.backends.sglang.planning import ServerStartError
 
     plan, requests = _plan_one_server(tmp_path)
     first_progress = threading.Event()
@@ -166,8 +169,11 @@ def test_server_dying_mid_cell_fails_the_cell_fast(tmp_path, test_mark):
     t.join(600)
     assert not t.is_alive(), "the cell did not end after its server died"
     error = outcome.get("error")
-    assert isinstance(error, ServerStartError), error
+    assert isinstance(error, ServerDiedError) and not isinstance(error, ServerStartError), error
     assert "server0 exited with code" in str(error) and "in the middle of the cell" in str(error)
+    codes = json.loads((Path(plan.log_dir) / "exit_codes.json").read_text())
+    assert codes["server0"]["ended"] == "died" and codes["server0"]["exit_code"] == -signal.SIGKILL, codes
+    # its scheduler and detokenizer (renamed, no marker in their environment) were in its session
     assert wait_no_orphans(test_mark) == []
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from repro.backends.sglang.rlt_patch import eviction_log_stats
-from tests.live_server.conftest import MARK_VAR, server_python, wait_no_orphans
+from tests.live_server.conftest import MARK_VAR, server_python, wait_no_orphans, watch
 from tests.live_server.servers import flush, generate, running_servers
 
 pytestmark = [pytest.mark.sglang_server, pytest.mark.timeout(1800)]
@@ -37,6 +37,7 @@ def servers(tmp_path_factory):
     mark = f"module-{os.getpid()}"
     old = os.environ.get(MARK_VAR)
     os.environ[MARK_VAR] = mark
+    watch(mark)
     log_dir = tmp_path_factory.mktemp("servers")
     try:
         kinds = [("rlt_a", "rlt", 1), ("rlt_b", "rlt", 1), ("lru", "lru", 1),

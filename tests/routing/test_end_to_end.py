@@ -23,7 +23,12 @@ SMALL_CELL = [
 
 def _cell(conf_dir, policy, extra=()):
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return compose(config_name="config", overrides=[f"policy={policy}", *SMALL_CELL, *extra])
+        cfg = compose(config_name="config", overrides=[f"policy={policy}", *SMALL_CELL, *extra])
+    if policy.startswith("fixed_"):  # it routes a trace's assignments: the same requests as a trace
+        from tests.sim.test_sim_integration import gsp_as_trace
+
+        cfg.workload = gsp_as_trace(cfg.workload, cfg.seed, cfg.cluster.num_workers)
+    return cfg
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

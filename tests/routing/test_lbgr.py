@@ -191,7 +191,8 @@ def test_dispatch_tracker_mirrors_dispatch_and_completion():
     w = r.select_worker(q, v, 0.0)
     assert r.caches[w].peek_prefix(q.prompt_tokens) == 20
     r.on_request_complete(q, w, 0.3, 0.1, 0, 0.3)
-    assert r.caches[w].peek_prefix(q.full_tokens) == 24
+    # prompt + output - 1: the worker never feeds the last sampled token, so it caches no KV for it
+    assert r.caches[w].peek_prefix(q.full_tokens) == 23
     # The next request with the same prefix goes where the tracker says the prefix is.
     assert r.select_worker(make_request(2, list(range(20)) + [99]), v, 0.31) == w
     assert all(view.view_calls == [] for view in v)  # approximate mode never reads the workers
@@ -209,7 +210,7 @@ def _nothing_in_flight(index) -> bool:
 
 def test_inflight_tracker_hand_computed():
     """In flight: the prompt is in the worker's in-flight tree (a hit for followers), not in its
-    cache tree; on completion it leaves the in-flight tree and prompt + output enter the cache tree."""
+    cache tree; on completion it leaves the in-flight tree and prompt + output - 1 enter the cache tree."""
     v = views_with(m=2, capacity=50)
     r = lbgr(v, tracker="approximate", cache_factory=simple_cache_factory)
     a = make_request(1, list(range(20)), output_len=4)
@@ -221,11 +222,11 @@ def test_inflight_tracker_hand_computed():
     # S = [1, 21] / 1024 s, P_w = 20 / 1024 * 0.9^5 at t = 0.5: the prefix wins
     assert r.select_worker(b, v, 0.5) == w
     r.on_request_complete(a, w, 0.3, 0.1, 0, 0.6)
-    assert r.caches[w].peek_prefix(a.full_tokens) == 24
+    assert r.caches[w].peek_prefix(a.full_tokens) == 23  # 20 + 4 - 1
     assert r.index.inflight_hits(as_key(a.prompt_tokens))[w] == 20  # b (same 20-token prefix) still in flight
     r.on_request_complete(b, w, 0.3, 0.1, 0, 0.61)
     assert r.index.inflight_size == 0 and _nothing_in_flight(r.index)
-    assert r.caches[w].peek_prefix(b.full_tokens) == 25
+    assert r.caches[w].peek_prefix(b.full_tokens) == 24  # 21 + 4 - 1
     assert all(view.view_calls == [] for view in v)
 
 
@@ -451,7 +452,7 @@ def test_approximate_tracker_with_the_real_radix_cache(policy):
         w = r.select_worker(q, v, now)
         assert r.tracked_hits(as_key(prompt), v)[w] == len(prompt)  # through the in-flight tree
         r.on_request_complete(q, w, 0.2, 0.05, 0, now + 0.2)
-        assert r.caches[w].peek_prefix(q.full_tokens) == len(q.full_tokens)
+        assert r.caches[w].peek_prefix(q.full_tokens) == len(q.full_tokens) - 1  # no KV for the last token
         assert all(c.total_size() <= 600 for c in r.caches)
         assert r.index.inflight_size == 0 and _nothing_in_flight(r.index)  # nothing in flight any more
     assert all(view.view_calls == [] for view in v)
@@ -599,7 +600,8 @@ class _ReferenceLBGR:
     def complete(self, q, w):
         del self.inflight[w][q.id]
         self.outputs.append(q.output_len)
-        full = tuple(int(x) for x in q.full_tokens)[: self.capacity]
+        # the worker caches prompt + output - 1 (the last sampled token is never fed forward)
+        full = tuple(int(x) for x in q.full_tokens)[: len(q.full_tokens) - 1][: self.capacity]
         c = self.caches[w]
         n = c.match_prefix(full).length
         c.inc_lock_ref(full[:n])

@@ -82,14 +82,16 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
         def in_flight(self):
             return len(self._mine("waiting", "prefill", "running"))
 
+        # KV a request holds: its prompt, then one token per decode step (the token fed); the
+        # last sampled token is never fed (SGLang: kv_committed_len = prompt + output - 1 at the end)
         @property
         def active_kv_tokens(self):
-            return sum(len(q.prompt) + q.generated for q in self._mine("prefill", "running"))
+            return sum(len(q.prompt) + max(q.generated - 1, 0) for q in self._mine("prefill", "running"))
 
         @property
         def kv_used_tokens(self):
             w = W[self.worker_id]
-            return w.cache.total_size() + w.alloc + sum(q.generated for q in self._mine("running"))
+            return w.cache.total_size() + w.alloc + sum(q.generated - 1 for q in self._mine("running"))
 
         @property
         def kv_capacity_tokens(self):
@@ -286,7 +288,7 @@ def reference_simulate(requests, caches, cost_model, router, sched: SchedulerCon
     def finish(w, i, now, finished):
         q = R[i]
         w.reserved -= q.out
-        w.cache.insert(np.array(q.full, dtype=np.int32))
+        w.cache.insert(np.array(q.full[: len(q.full) - 1], dtype=np.int32))  # prompt + output - 1
         w.cache.dec_lock_ref(q.node)
         q.phase, q.finish = "done", now
         finished.append(i)

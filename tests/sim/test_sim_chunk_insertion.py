@@ -57,18 +57,19 @@ def _steps(seen):
 
 
 def test_per_chunk_tree_holds_the_prompt_as_far_as_prefilled():
-    # Request 0 leaves X + its 1 generated token (61 tokens) evictable. B (120 + 2 output) is
-    # admitted: SGLang's check 120 + 2 + 1 < 150 free + evictable. per_chunk allocates only the
-    # first chunk (32 + 2 reserved <= 89 free): X stays; B is in the tree 32, 64, 96, 120 after
-    # each step. X, itself prefilled in chunks (32 + 28), is the nodes [0, 32) [32, 60) + its
-    # generated token. The third chunk finds 150 - 61 - 64 - 2 = 23 free < 32: LRU evicts the
-    # leaves (the token, then [32, 60): 29 >= 9); the fourth finds 20 < 24 and evicts [0, 32).
+    # Request 0 (1 output token) leaves X alone (60 tokens) evictable: its one sampled token was
+    # never fed forward, so it has no KV (SGLang caches prompt + output - 1). B (120 + 2 output) is
+    # admitted: SGLang's check 120 + 2 + 1 < 90 free + 60 evictable. per_chunk allocates only the
+    # first chunk (32 + 2 reserved <= 90 free): X stays; B is in the tree 32, 64, 96, 120 after
+    # each step. X, itself prefilled in chunks (32 + 28), is the nodes [0, 32) [32, 60). The third
+    # chunk finds 150 - 60 - 64 - 2 = 24 free < 32: LRU evicts the leaf [32, 60) (28 >= 8); the
+    # fourth finds 20 < 24 and evicts [0, 32).
     _, seen = _run("per_chunk")
     start, end = _steps(seen)
     assert [b for b, _, _ in end[:4]] == [32, 64, 96, 120]
     assert [x for _, x, _ in end[:4]] == [60, 60, 32, 0]
     # during a step the router sees the tree + the step's allocated chunk (as SGLang's token usage)
-    assert [u for _, _, u in start[:4]] == [61 + 32, 61 + 64, 32 + 64 + 32, 96 + 24]
+    assert [u for _, _, u in start[:4]] == [60 + 32, 60 + 64, 32 + 64 + 32, 96 + 24]
     assert [b for b, _, _ in start[:4]] == [0, 32, 64, 96]  # nothing beyond the computed prefix
 
 
@@ -86,7 +87,7 @@ def test_a_later_request_sharing_x_is_credited_alike_in_both_modes():
     # (32), so C can only join B's last chunk (24 + 5 <= 32). At capacity 150 X is (partly) gone
     # by then in both modes and C does not fit beside B's last chunk (per_chunk: 33 new + 1 output
     # + 24 > 20 free + 0 unlocked evictable), so it waits and finds X evicted: 0. At capacity 200
-    # nothing is ever evicted (61 + 120 + 2 + 5 + 1 < 200): C hits 60 in both modes. The modes
+    # nothing is ever evicted (60 + 120 + 2 + 5 + 1 < 200): C hits 60 in both modes. The modes
     # differ in when X is evicted (above), not in what a pass credits.
     c = make_request(2, 1.02, X + [900, 901, 902, 903, 904], output_len=1)
     for mode in ("per_chunk", "whole"):

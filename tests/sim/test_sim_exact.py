@@ -45,23 +45,24 @@ def test_prefix_hit_decode_batching_and_multi_turn_follow_up():
     # t=0.020 prefill [b]: a's 6-token prefix is cached -> 6 new: 0.016 -> 0.036 (b's first token)
     # t=0.036 decode [a, b]: 0.010+0.004 -> 0.050: b has 2 tokens (done), a has 2
     # t=0.050 decode [a]: 0.012 -> 0.062: a done
-    # t=0.100 prefill [c]: a's whole path (13) cached, 2 new: 0.012 -> 0.112; 1 output: done
+    # t=0.100 prefill [c]: a left its prompt + 2 of its 3 output tokens (12) in the tree (the last
+    #         sampled token is never fed forward, so SGLang has no KV for it); 3 new: 0.013 -> 0.113
     assert_times(
         res.records,
-        first={0: 0.020, 1: 0.036, 2: 0.112},
-        finish={0: 0.062, 1: 0.050, 2: 0.112},
-        cached={0: 0, 1: 6, 2: 13},
+        first={0: 0.020, 1: 0.036, 2: 0.113},
+        finish={0: 0.062, 1: 0.050, 2: 0.113},
+        cached={0: 0, 1: 6, 2: 12},
     )
     # the router heard of each completion once, at its finish time, in finish order
     assert [(rid, round(now, 9)) for rid, _, _, _, _, now in router.completions] == [
         (1, 0.050),
         (0, 0.062),
-        (2, 0.112),
+        (2, 0.113),
     ]
     rid, worker, latency, ttft, cached, _ = router.completions[0]
     assert (worker, cached) == (0, 6)
     assert latency == pytest.approx(0.045) and ttft == pytest.approx(0.031)
-    assert res.stats == {"prefill_steps": [3], "decode_steps": [2], "busy_s": [pytest.approx(0.074)]}
+    assert res.stats == {"prefill_steps": [3], "decode_steps": [2], "busy_s": [pytest.approx(0.075)]}
 
 
 def test_no_hit_on_tokens_computed_in_the_same_batch():
@@ -141,22 +142,24 @@ def test_max_prefill_tokens_budget_follows_sglang():
 
 def test_fully_cached_prompt_still_computes_one_token():
     a = make_request(0, 0.0, range(1, 9), output_len=2)
-    again = make_request(1, 1.0, np.concatenate([a.prompt_tokens, a.generated_tokens]), output_len=1)
+    # a leaves its prompt + its first output token (9 tokens: the second was never fed forward)
+    again = make_request(1, 1.0, np.concatenate([a.prompt_tokens, a.generated_tokens[:1]]), output_len=1)
     res, _ = run([a, again])
-    # a: 0.018 + decode 0.012 -> 0.030. again: all 10 tokens cached, 1 recomputed -> 1.011
-    assert_times(res.records, first={0: 0.018, 1: 1.011}, finish={0: 0.030, 1: 1.011}, cached={0: 0, 1: 10})
+    # a: 0.018 + decode 0.012 -> 0.030. again: all 9 tokens cached, 1 recomputed -> 1.011
+    assert_times(res.records, first={0: 0.018, 1: 1.011}, finish={0: 0.030, 1: 1.011}, cached={0: 0, 1: 9})
 
 
 def test_request_waits_head_of_line_until_memory_frees_then_evicts():
     k = make_request(0, 0.0, range(1, 11), output_len=5)  # needs 10 + 5 reserved
     l_ = make_request(1, 0.0, range(100, 110), output_len=5)
     res, _ = run([k, l_], capacity=20)
-    # k: prefill 0.020, 4 decodes of 0.012 -> 0.068. l needs 15 > 20 - 15 free (k's KV is
-    # locked), waits; at 0.068 k's 15 tokens are unlocked: evict 10, admit l.
+    # k: prefill 0.020, 4 decodes of 0.012 -> 0.068. l needs 15 > 20 - 15 free (k's KV and
+    # reservation), waits; at 0.068 k leaves 14 tokens (10 + 5 - 1: its last token has no KV)
+    # unlocked: 6 free, evict 9, admit l.
     # l: prefill -> 0.088, 4 decodes -> 0.136
     assert_times(res.records, first={0: 0.020, 1: 0.088}, finish={0: 0.068, 1: 0.136}, cached={0: 0, 1: 0})
     assert res.timings["eviction"]["calls"] == 1
-    assert res.timings["eviction"]["evicted_tokens"] == 10
+    assert res.timings["eviction"]["evicted_tokens"] == 9
 
 
 def test_lpm_admits_the_longest_cached_prefix_first_fcfs_does_not():

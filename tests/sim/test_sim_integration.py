@@ -42,7 +42,22 @@ def cell(router: str, eviction: str, seed: int = 0):
     cfg.workload.num_queries = 96
     cfg.workload.num_groups = 8
     cfg.workload.request_rate = 24.0
+    if router == "fixed":  # it routes a trace's assignments: the same GSP requests as a trace, alternating
+        cfg.workload = gsp_as_trace(cfg.workload, seed, 2)
     return cfg
+
+
+def gsp_as_trace(workload_cfg, seed: int, num_workers: int):
+    """The workload's requests written as a trace (workload=trace) with request i on worker i % M."""
+    import tempfile
+
+    from repro.workloads import build_workload
+    from repro.workloads.trace import request_rows, write_trace
+
+    reqs = build_workload(OmegaConf.to_container(workload_cfg), seed=seed).requests
+    path = Path(tempfile.mkdtemp(prefix="gsp_trace_")) / "trace.jsonl"
+    write_trace(path, request_rows(reqs, [i % num_workers for i in range(len(reqs))]))
+    return OmegaConf.merge(OmegaConf.load(CONF / "workload" / "trace.yaml"), {"path": str(path)})
 
 
 @pytest.mark.parametrize("eviction", evictions())

@@ -102,7 +102,8 @@ def test_a_ten_worker_fig6_cell_spans_two_nodes_and_matches_the_one_node_cell(sl
     assert [s["slurmd_nodename"] for s in stats] == ["node1"] * 5 + ["node2"] * 5
     assert sum(s["requests_finished"] for s in stats) == 200
     codes = json.loads((two / "logs" / "exit_codes.json").read_text())
-    assert codes["node node2"] == 0, codes  # its agent stopped its servers and exited cleanly (scancel -s TERM)
+    # its agent stopped its servers and exited cleanly (scancel -s TERM)
+    assert codes["node node2"]["exit_code"] == 0 and codes["node node2"]["ended"] == "stopped", codes
     assert "servers stopped (signal 15)" in (two / "logs" / "node-node2.log").read_text()
     plan = json.loads((two / "logs" / "plan.json").read_text())
     assert [w["node"] for w in plan["workers"]] == ["node1"] * 5 + ["node2"] * 5
@@ -211,6 +212,6 @@ def test_a_real_sglang_server_on_each_node(slurm_cluster, tmp_path):
     for i in range(2):
         assert "The server is fired up and ready to roll" in (cell / "logs" / f"server{i}.log").read_text()
     codes = json.loads((cell / "logs" / "exit_codes.json").read_text())
-    assert codes["node node2"] == 0, codes
+    assert codes["node node2"]["exit_code"] == 0 and codes["node node2"]["ended"] == "stopped", codes
     assert "servers stopped (signal 15)" in (cell / "logs" / "node-node2.log").read_text()
     assert wait_no_orphans(mark) == [], "processes of the cell outlived it"

@@ -255,6 +255,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
     from repro.backends.sglang.config import hardware_server
+    from repro.workloads.trace import trace_rows, write_trace
 
     errs = validate_cell(cfg)
     if errs:
@@ -268,6 +269,10 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     plain["cluster"]["scheduler"] = asdict(cell.plan.scheduler)  # the processes get every knob, defaults filled in
     plan = orchestrate.plan_cell(plain, capacities, seeds, log_dir)
     result = orchestrate.run_plan(plan, cell.requests, progress)
+    # observe: what ran, as a trace the simulator can replay (workload=trace, router=fixed)
+    write_trace(
+        Path(log_dir) / "trace.jsonl", trace_rows(cell.requests, result.records, result.records.attrs.get("output_ids"))
+    )
 
     b = plain["backend"]
     rs = result.router_stats or {}

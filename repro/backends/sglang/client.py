@@ -33,6 +33,8 @@ Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need n
   send); such rows keep arrival_s (the send time) and have NaN first_token_s / finish_s, zero
   cached / output tokens and the workload's prompt length (the summary counts them in num_failed
   and leaves them out of every other number).
+The reply ids ride in `records.attrs["output_ids"]` (not a record column): the backend writes the
+cell's observed trace from them (`<cell>/logs/trace.jsonl`, repro/workloads/trace.py's format).
 Nothing can hang: every request has that deadline, so the replay ends at the latest
 `request_timeout_s` after the last send.
 """
@@ -85,6 +87,7 @@ class _Row:
     error_kind: str | None = None
     error: str | None = None
     lag_s: float = 0.0
+    output_ids: list | None = None  # the reply's token ids (the observed trace: repro/workloads/trace.py)
 
 
 async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _Row) -> None:
@@ -157,6 +160,7 @@ async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _
     row.queue_wait_s = tracker.queue_time_s * scale
     row.cached_tokens = int(tracker.cached_tokens)
     row.output_tokens = int(tracker.completion_tokens)
+    row.output_ids = list(tracker.output_ids)
     row.failed = False
 
 
@@ -295,7 +299,9 @@ def records_frame(requests: Sequence[Any], rows: Sequence[_Row]) -> pd.DataFrame
             "failed": np.array([row.failed for row in rows], dtype=bool),
         }
     )
-    return df[list(RECORD_COLUMNS)]
+    df = df[list(RECORD_COLUMNS)]
+    df.attrs["output_ids"] = [row.output_ids or [] for row in rows]  # not a record column: the observed trace's
+    return df
 
 
 def run_replay(

@@ -11,3 +11,8 @@ class ServerStartError(OrchestrationError):
 
 class CellTimeoutError(OrchestrationError):
     """The cell ran past timeouts.cell_s."""
+
+
+class ServerDiedError(OrchestrationError):
+    """A server (or its node's step) that had become healthy exited in the middle of the cell,
+    on its own or killed by someone else: the harness had sent it no signal."""

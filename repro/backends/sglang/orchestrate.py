@@ -22,10 +22,13 @@ Guarantees:
 - Bounded in time: servers must answer /health within timeouts.server_start_s (the router within
   timeouts.router_start_s), each request has timeouts.request_s, the whole cell timeouts.cell_s.
 - A server that exits or never becomes healthy raises ServerStartError naming it, its command
-  and the last lines of its log.
+  and the last lines of its log; one that exits after it was healthy, mid-cell, ServerDiedError.
 - Teardown always runs (also on errors, Ctrl-C and SIGTERM, which Slurm sends at a job's time
   limit): every process was started in its own process group (session) and the whole group gets
-  SIGTERM, then SIGKILL after timeouts.shutdown_grace_s.
+  SIGTERM, then SIGKILL after timeouts.shutdown_grace_s, then whatever is left of its session.
+  `logs/exit_codes.json` says per process its exit code and how it ended: "stopped" (it exited
+  after our SIGTERM; SGLang's server then kills its own tree, code -9), "killed" (our SIGKILL after
+  the grace) or "died" (it had exited before we signalled it).
 - Logs stay in the cell folder (`<cell>/logs/`): one log per process, the exact commands and
   environment (`plan.json`), the worker / router config files, the client's report and the
   router's and workers' final statistics.
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
+from repro.backends.sglang.errors import ServerDiedError
 from repro.backends.sglang.planning import (
     ROUTER_IMPLS,
     SGLANG_ROUTER_POLICIES,
@@ -160,6 +164,13 @@ async def _stream_worker_state(router_url: str, log: Callable[[dict], None], eve
             log(point)
 
 
+def _died(r: Any, rc: int) -> ServerDiedError:
+    """A server (or node step) that had been healthy exited while we had sent it nothing: a death."""
+    if isinstance(r, ManagedProcess):
+        return ServerDiedError(r.describe_failure(f"exited with code {rc} in the middle of the cell"))
+    return ServerDiedError(r.failure(f"the server step ended with code {rc} in the middle of the cell"))
+
+
 ROUTER_PORT_TRIES = 3
 
 
@@ -269,14 +280,7 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                         _check_router(router)  # a dead router fails every request fast: the replay ends first
                         return run.result()
                     if watch in done:
-                        r, rc = watch.result()
-                        if isinstance(r, ManagedProcess):
-                            raise ServerStartError(
-                                r.describe_failure(f"exited with code {rc} in the middle of the cell")
-                            )
-                        raise ServerStartError(
-                            r.failure(f"the server step ended with code {rc} in the middle of the cell")
-                        )
+                        raise _died(*watch.result())
                     raise CellTimeoutError(
                         f"the replay ran past timeouts.cell_s={plan.timeouts['cell_s']:g}s "
                         f"(router log: {plan.router.log_path})"
@@ -287,6 +291,10 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                     await asyncio.gather(run, watch, poll, return_exceptions=True)
 
             records, report = asyncio.run(_replay())
+            for r in remote + local_servers:  # one that died after the watch's last look still fails the cell
+                rc = r.poll()
+                if rc is not None:
+                    raise _died(r, rc)
             write_json_atomic(os.path.join(plan.log_dir, "client_report.json"), report)
             router_stats = None
             if plan.router_impl == "ours":
@@ -303,11 +311,13 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
             return PlanResult(records, report, router_stats, worker_stats, startup, moves)
     finally:
         grace = plan.timeouts["shutdown_grace_s"]
-        exit_codes = {}
+        exit_codes = {}  # name -> {exit_code, ended: stopped | killed | died, left_in_session}
         for p in reversed(procs):  # router first, then the workers
-            exit_codes[p.name] = p.stop(grace)
+            p.stop(grace)
+            exit_codes[p.name] = p.exit_record()
         for r in remote:
-            exit_codes[r.name] = r.stop(grace)
+            r.stop(grace)
+            exit_codes[r.name] = r.exit_record()
         with contextlib.suppress(OSError):
             write_json_atomic(os.path.join(plan.log_dir, "exit_codes.json"), exit_codes)
 
@@ -324,6 +334,7 @@ __all__ = [
     "ProcessSpec",
     "RemoteNode",
     "RemoteServer",
+    "ServerDiedError",
     "ServerStartError",
     "assign_gpus",
     "emulated_worker_command",

@@ -1,7 +1,8 @@
 """Starting, watching and stopping a cell's processes (the supervision half of orchestrate.py).
 
 `ManagedProcess`: a local child in its own session (process group), started with its log and
-stopped as a group (SIGTERM, SIGKILL after the grace). `RemoteNode` / `RemoteServer`: the servers
+stopped as a group (SIGTERM, SIGKILL after the grace), then whatever is left of its session
+(sessions.py), and how it ended recorded (`exit_record`: stopped / killed / died). `RemoteNode` / `RemoteServer`: the servers
 of another node of a Slurm job, one `srun` step running node_agent there. `wait_healthy` polls
 their health URLs, failing fast (ServerStartError with the log's tail) when one exits.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.backends.sglang.planning import CellPlan, OrchestrationError, ProcessSpec, ServerStartError
+from repro.backends.sglang.sessions import end_session
 from repro.fileio import write_json_atomic
 
 HEALTH_PROBE_TIMEOUT_S = 5.0
@@ -47,6 +49,12 @@ def _tail(path: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# How a process ended, in exit_codes.json: "stopped" (it exited after our SIGTERM, whatever its code:
+# SGLang's server kills its own tree with SIGKILL then), "killed" (still there after the grace: our
+# SIGKILL), "died" (it had exited before we sent anything: on its own or killed by someone else).
+ENDINGS = ("stopped", "killed", "died")
+
+
 class ManagedProcess:
     """A child in its own session (process group): started with its log, stopped as a group."""
 
@@ -54,6 +62,8 @@ class ManagedProcess:
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self.ended: str | None = None  # one of ENDINGS once stopped
+        self.left_in_session: list[int] = []  # processes of its session still alive after the teardown
 
     @property
     def name(self) -> str:
@@ -83,7 +93,8 @@ class ManagedProcess:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self, grace_s: float) -> int | None:
-        """SIGTERM the process group, SIGKILL it after grace_s; returns the exit code."""
+        """SIGTERM the process group, SIGKILL it after grace_s, then whatever is left of its session;
+        returns the exit code (`ended` says how it ended, `exit_record` both)."""
         p = self.proc
         if p is None:
             return None
@@ -92,15 +103,25 @@ class ManagedProcess:
                 _signal_group(p.pid, signal.SIGTERM)
                 try:
                     p.wait(timeout=grace_s)
+                    self.ended = "stopped"
                 except subprocess.TimeoutExpired:
                     _signal_group(p.pid, signal.SIGKILL)
                     p.wait(timeout=10)
+                    self.ended = "killed"
+            elif self.ended is None:
+                self.ended = "died"
             _signal_group(p.pid, signal.SIGKILL)  # stragglers of the group (SGLang's own children)
+            self.left_in_session = end_session(p.pid)  # the child leads its session: sid = its pid
         finally:
             if self._log is not None:
                 self._log.close()
                 self._log = None
         return p.returncode
+
+    def exit_record(self) -> dict:
+        """Its line of exit_codes.json."""
+        rc = None if self.proc is None else self.proc.returncode
+        return {"exit_code": rc, "ended": self.ended, "left_in_session": self.left_in_session}
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.spec.log_path, lines)
@@ -138,6 +159,7 @@ class RemoteNode:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.addrs: dict = {}
+        self.ended: str | None = None  # one of ENDINGS once stopped
 
     @property
     def name(self) -> str:
@@ -243,6 +265,8 @@ class RemoteNode:
         p = self.proc
         if p is None:
             return None
+        if p.poll() is not None and self.ended is None:
+            self.ended = "died"
         try:
             if p.poll() is None and self.addrs.get("step"):
                 with contextlib.suppress(OSError, subprocess.TimeoutExpired):
@@ -256,11 +280,19 @@ class RemoteNode:
                 except subprocess.TimeoutExpired:
                     _signal_group(p.pid, signal.SIGKILL)  # the step dies with srun; servers with the agent
                     p.wait(timeout=10)
+                    self.ended = "killed"
+            if self.ended is None:
+                self.ended = "stopped"
         finally:
             if self._log is not None:
                 self._log.close()
                 self._log = None
         return p.returncode
+
+    def exit_record(self) -> dict:
+        """Its line of exit_codes.json (the node's servers are its agent's: it stops them)."""
+        rc = None if self.proc is None else self.proc.returncode
+        return {"exit_code": rc, "ended": self.ended, "left_in_session": []}
 
 
 class RemoteServer:
@@ -375,6 +407,7 @@ def wait_healthy(
 
 
 __all__ = [
+    "ENDINGS",
     "HEALTH_PROBE_TIMEOUT_S",
     "FATAL_LOG_LINES",
     "ManagedProcess",

@@ -20,7 +20,7 @@ import numpy as np
 from repro.backends.sglang import protocol
 from repro.backends.sglang.router_service.stall import StallWatch
 from repro.kvcache import as_key
-from repro.routing.trackers import tracker_access
+from repro.routing.trackers import finished_path, tracker_access
 
 log = logging.getLogger("repro.router_service")
 
@@ -74,7 +74,7 @@ class WorkerState:
         self.last_error: str | None = None
         self.capacity = 0
         self.waiting: dict[int, int] = {}  # key -> uncached prompt tokens estimated at dispatch
-        self.running: dict[int, int] = {}  # key -> KV tokens held (prompt + generated so far)
+        self.running: dict[int, int] = {}  # key -> KV tokens held (prompt + generated so far - 1)
         self.waiting_prefill = 0
         self.active_kv = 0
         self.live_generated = 0
@@ -139,9 +139,11 @@ class WorkerState:
             uncached = self.waiting.pop(f.key)
             self.waiting_prefill -= uncached
             self.stall.first_token(time.monotonic(), uncached, f.dispatched_at)
-            held = f.prompt_len
+            # prompt + generated - 1, as SGLang's KV: a sampled token gets KV when the next step feeds it
+            held = f.prompt_len - 1
             self.running[f.key] = held
             self.active_kv += held
+            self.live_generated -= 1
         self.running[f.key] += new_tokens
         self.active_kv += new_tokens
         self.live_generated += new_tokens
@@ -159,10 +161,11 @@ class WorkerState:
             self.stall.end(time.monotonic(), self.worker_id, "no request of it left in flight")
 
     def record_completion(self, f: Flight, output_ids: np.ndarray) -> None:
-        """f finished here: the tracker gets prompt + reply, as the worker's cache does."""
+        """f finished here: the tracker gets prompt + reply but its last token, as the worker's
+        cache does (that token is never fed forward, so it has no KV)."""
         self.completed += 1
         if self.tracker is not None:
-            tracker_access(self.tracker, f.prompt_key + as_key(output_ids))
+            tracker_access(self.tracker, finished_path(f.prompt_key, f.prompt_key + as_key(output_ids)))
 
     def info(self) -> dict:
         """This worker in GET /stats and /workers."""
@@ -177,7 +180,7 @@ class WorkerState:
             "failed_attempts": self.failed_attempts,
             "in_flight": self.in_flight,
             "waiting": len(self.waiting),
-            "active_kv_tokens": self.active_kv,  # the router's estimate (prompt + generated so far)
+            "active_kv_tokens": self.active_kv,  # the router's estimate (prompt + generated so far - 1)
             "excluded": self.stall.excluded,  # from new requests: in-flight ones stalled (stall.py)
             "stall_exclusions": self.stall.exclusions,
             "stall_closest": round(self.stall.closest, 3),  # largest silence / limit seen (1: excluded)
