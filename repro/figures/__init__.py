@@ -41,6 +41,8 @@ ARTEFACTS: tuple[str, ...] = (
     "regime_map",
     "load_ladder",
     "mooncake_replay",
+    "gap_ladder",
+    "fig2_speed",
 )
 
 
