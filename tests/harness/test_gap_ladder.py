@@ -60,10 +60,15 @@ def ladder() -> dict:
         for policy in ("cache_aware_014_lru", "lbgr_shipped_rlt_shipped"):
             cfg = compose_fn(["exp=gap_ladder", "protocol=artifact", f"policy={policy}", "seed=0"])
             out[("artifact", policy)] = OmegaConf.to_container(cfg, resolve=True)
-        speed = OmegaConf.to_container(
-            compose("config", overrides=["exp=fig2_speed"], return_hydra_config=True).hydra.sweeper.params
-        )
-        out["speed"] = plan_cells(speed, ["exp=fig2_speed", "seed=0"], GridComposer("config"), deep=False)
+        for exp, extra in (
+            ("fig2_speed", []),
+            ("fig2_main", ["workload=gsp"]),
+            ("fig2_main", ["protocol=text", "workload=gsp"]),
+        ):
+            head = compose("config", overrides=[f"exp={exp}", *extra], return_hydra_config=True)
+            params = OmegaConf.to_container(head.hydra.sweeper.params, resolve=True)  # ${protocol.systems.X}
+            key = exp if exp == "fig2_speed" else ("fig2_main", extra[0])
+            out[key] = plan_cells(params, [f"exp={exp}", *extra, "seed=0"], GridComposer("config"), deep=False)
     return out
 
 
@@ -123,8 +128,17 @@ def test_r6_is_the_artifact_protocols_cell_and_r0_the_text_one(ladder):
     assert r0["policy_name"] == "LBGR+RLT" and r0["protocol"]["name"] == "text"
 
 
+def test_r6_and_r0_are_fig2_mains_gsp_cells_under_each_protocol(ladder):
+    """The ladder's ends are Fig. 2's own GSP cells: twins, copied when fig2_main ran first."""
+    ends = {"r6": ("fig2_main", "workload=gsp"), "r0": ("fig2_main", "protocol=text")}
+    for rung, key in ends.items():
+        mine = {c.config["policy_name"]: c.signature for c in ladder["cells"] if c.config["ladder"]["rung"] == rung}
+        fig2 = {c.config["policy_name"]: c.signature for c in ladder[key]}
+        assert len(mine) == 2 and all(fig2[name] == sig for name, sig in mine.items()), rung
+
+
 def test_the_speed_sweep_is_the_artifact_cell_at_speed_1(ladder):
-    speed = ladder["speed"]
+    speed = ladder["fig2_speed"]
     assert len(speed) == 5 * 2  # speeds x systems (seed 0)
     assert {c.config["hardware"]["speed_factor"] for c in speed} == {0.5, 0.71, 1.0, 1.41, 2.0}
     assert {c.config["protocol"]["name"] for c in speed} == {"artifact"}
