@@ -42,6 +42,8 @@ ARTEFACTS: tuple[str, ...] = (
     "load_ladder",
     "mooncake_replay",
     "todays_baselines",
+    "gap_ladder",
+    "fig2_speed",
 )
 
 

@@ -12,7 +12,7 @@ from repro.harness.validate import ConfigError, format_errors
 from repro.results import run_signature
 
 
-_OPTIONAL_TOP_KEYS = ("theory", "local")
+_OPTIONAL_TOP_KEYS = ("theory", "local", "ladder")
 SYSTEM_KNOB_PREFIXES = ("router.", "eviction.")  # knobs of one system's parts (repro.harness.knobs)
 _ABSENT = object()
 

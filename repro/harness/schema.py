@@ -79,6 +79,7 @@ class ReproSchema:
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
     theory: Optional[Dict[str, Any]] = None  # backend=theory: the cell's parameters
     protocol: Dict[str, Any] = field(default_factory=dict)  # conf/protocol/ (text | artifact)
+    ladder: Optional[Dict[str, Any]] = None  # conf/ladder/: gap_ladder's rung labels (not in the signature)
     limited_kv_cache_tokens: Dict[str, Optional[int]] = field(default_factory=dict)  # per workload (conf/config.yaml)
     local: Dict[str, Any] = field(default_factory=dict)  # per-site values (conf/local/), referenced by interpolation
 

@@ -28,6 +28,7 @@ NON_RESULT_KEYS: frozenset[str] = frozenset(
         "keep_stale",
         "limited_kv_cache_tokens",  # an input table: the resolved cluster.kv_cache_tokens is hashed
         "reuse_twins",
+        "ladder",  # gap_ladder's labels (rung, factor, side): its cells are other experiments' twins
     }
 )
 

@@ -36,6 +36,10 @@ TODAY_SYSTEMS = {
     "LeastLoad(smg)+LRU": ("least_load", "lru", 0.9, 0.02),
     "LMetric+LRU": ("lmetric", "lru", 0.08, 0.30),
 }
+# gap_ladder: rung -> its cells' sides (conf/exp/gap_ladder.yaml's sweep)
+LADDER_CELLS = {"r0": ("baseline", "ours"), "r1": ("baseline", "ours"), "r2": ("baseline", "ours"),
+                "r3": ("baseline",), "r4": ("ours",), "r5": ("ours",), "r6": ("baseline", "ours")}
+LADDER_SIDES = {"baseline": "CacheAware+LRU", "ours": "LBGR+RLT"}
 WORKLOADS = ("gsp", "sharegpt", "ultrachat", "loogle")
 OURS = ("CacheAware+RLT", "LBGR+LRU", "LBGR+RLT")
 
@@ -99,6 +103,14 @@ def grid(exp: str, small: bool = False) -> list[dict]:
         for wl in workloads[:2]:
             for r in sweep((4.0, 16.0, 32.0, 64.0)):
                 add(six, workload=wl, request_rate=r)
+    elif exp == "gap_ladder":  # one cell per (rung, system); a system a rung leaves unchanged has none
+        for rung, sides in LADDER_CELLS.items():
+            for side in sides:
+                add([LADDER_SIDES[side]], seeds=(0, 1, 2),
+                    ladder={"rung": rung, "factor": f"factor {rung}", "side": side})
+    elif exp == "fig2_speed":
+        for s in sweep((0.5, 1.0, 2.0)):
+            add(["CacheAware+LRU", "LBGR+RLT"], seeds=(0, 1, 2), speed_factor=s)
     elif exp == "fig4_order":
         add(six, workload="loogle", order="round_robin")
     elif exp == "fig5_request_rate":
@@ -145,7 +157,8 @@ PERF_EXPS = (
     "fig2_main", "fig3_models", "fig4_order", "fig5_request_rate", "fig6_workers", "fig7_cache_size",
     "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
     "tab3_single_worker", "fig14_decay_interval", "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",
-    "fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay", "todays_baselines",
+    "fig2_router_rules", "regime_map", "load_ladder", "mooncake_replay", "todays_baselines", "gap_ladder",
+    "fig2_speed",
 )
 
 
@@ -167,13 +180,14 @@ def config(exp: str, c: dict) -> dict:
         },
         "eviction": {"name": eviction, "granularity": "node"},
         "exp_name": exp,
-        "hardware": {"name": c.get("hardware", "l40")},
+        "hardware": {"name": c.get("hardware", "l40"), **({"speed_factor": c["speed_factor"]} if "speed_factor" in c else {})},
         "model": {
             "name": c.get("model", "llama31_8b"),
             "weight_dtype": "fp8" if c.get("model") == "llama31_70b" else "bf16",
             "tensor_parallel": 1,
         },
         "policy_name": c["system"],
+        **({"ladder": c["ladder"]} if "ladder" in c else {}),
         "results_dir": "results",
         "router": r,
         "seed": c["seed"],
