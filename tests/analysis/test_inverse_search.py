@@ -96,7 +96,8 @@ def test_trials_are_ordinary_cells_and_fresh_ones_are_skipped(resumed, tmp_path)
                                         (CLAIM, "tab2_ablation")])
 def test_each_study_starts_from_the_papers_own_cells(tmp_path, claim, exp):
     """Trial 0 (the paper's defaults, drawn through the search space) has the signatures of the
-    paper experiment's cells at the paper's query count: copied from there when fresh."""
+    paper experiment's text-protocol cells at the paper's query count: copied from there when
+    fresh (the search runs the text protocol; fig2_main and tab2_ablation default to the artifact)."""
     from hydra import initialize_config_dir
     from optuna.trial import FixedTrial
 
@@ -114,7 +115,7 @@ def test_each_study_starts_from_the_papers_own_cells(tmp_path, claim, exp):
                           runner.num_queries)
         drawn = runner.cells(t, setting)
         paper = [cell_signature(resolve(runner.composer([f"exp={exp}", f"workload={t.benchmarks[0]}",
-                                                         f"policy={p}", "seed=1"]))) for p in (t.base, t.ours)]
+                                                         f"policy={p}", "seed=1", "protocol=text"]))) for p in (t.base, t.ours)]
     assert [c.signature for c in drawn] == [c.signature for c in start] == paper
 
 

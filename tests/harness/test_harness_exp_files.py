@@ -16,10 +16,15 @@ from tests.harness.helpers import ROOT
 SIX = {"random_lru", "round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_lru", "lbgr_rlt"}
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
 BEYOND = ("mooncake_replay",)  # experiments beyond the paper: their own model, GPU and workload
+TODAY = ("todays_baselines",)  # beyond the paper: the paper's systems beside today's policies
 LIVE = ("live_cpu_gsp",)  # real SGLang servers on a CPU: a shrunk GSP, four systems, backend sglang
 # the text -> artifact ladder and the artifact protocol's speed sweep (tests/harness/test_gap_ladder.py)
 PROTOCOL_GAP = ("gap_ladder", "fig2_speed")
-PAPER = [e for e in EXPS if e not in BEYOND + LIVE + PROTOCOL_GAP and e != "thm_competitive_ratio"]
+# paper experiments that run the authors' protocol by default (conf/protocol/artifact.yaml)
+ARTIFACT_DEFAULT = ("fig2_main", "tab2_ablation")
+SIX_ARTIFACT = {"random_lru", "round_robin_lru", "cache_aware_014_lru", "cache_aware_014_rlt_shipped", "lbgr_shipped_lru",
+                "lbgr_shipped_rlt_shipped"}
+PAPER = [e for e in EXPS if e not in BEYOND + LIVE + PROTOCOL_GAP + TODAY and e != "thm_competitive_ratio"]
 
 
 def test_every_paper_experiment_has_a_file():
@@ -29,7 +34,8 @@ def test_every_paper_experiment_has_a_file():
             "tab2_ablation", "fig10_prefix_ratio", "fig11_num_queries", "fig12_output_len", "fig13_batch_size",
             "tab3_single_worker", "fig14_decay_interval", "thm_competitive_ratio",
             "fig8_llama70b_benchmarks", "fig9_mixtral_benchmarks",  # the appendix figures, our reading
-            "fig2_router_rules", "regime_map", "load_ladder", "inverse_search", *BEYOND, *LIVE, *PROTOCOL_GAP,  # beyond the paper
+            "fig2_router_rules", "regime_map", "load_ladder", "inverse_search", "todays_baselines",  # beyond the paper
+            *BEYOND, *LIVE, *PROTOCOL_GAP,
         ]
     )
 
@@ -37,7 +43,7 @@ def test_every_paper_experiment_has_a_file():
 def _plan(exp: str, full: bool) -> list:
     """exp's cells: all composed, signed and value-checked (full), or only its first and last."""
     head = compose("config", overrides=[f"exp={exp}"], return_hydra_config=True)
-    params = OmegaConf.to_container(head.hydra.sweeper.params)
+    params = OmegaConf.to_container(head.hydra.sweeper.params, resolve=True)  # ${protocol.systems.X}
     if full:
         return plan_cells(params, [f"exp={exp}"], GridComposer("config"), deep=False)
     cells = expand_grid(params, [f"exp={exp}"])
@@ -109,12 +115,12 @@ def test_paper_defaults_unless_swept(grids, exp):
         "workload.request_rate": 3.0 if exp == "tab3_single_worker" else 12.0,
         "workload.output_len": 4,
         "workload.order": "round_robin" if exp == "fig4_order" else "random",
-        "workload.num_queries": 1024,
+        "workload.num_queries": None if exp in ARTIFACT_DEFAULT else 1024,  # the scripts' own counts
         "seed": 0,
         "backend.name": "sim",
     }
     for key, value in expected.items():
-        if key in swept or key.split(".")[0] in swept or value is None:
+        if key in swept or key.split(".")[0] in swept or (value is None and key != "workload.num_queries"):
             continue
         assert set(values(cells, key)) == {value}, key
 
@@ -131,8 +137,8 @@ def test_model_and_gpu(grids, exp):
 
 def test_grid_shapes(grids):
     g = grids
-    assert len(g["fig2_main"]) == 72 and policies(g["fig2_main"]) == SIX
-    assert swept(g["fig2_main"], "seed", int) == [0, 1, 2]
+    assert len(g["fig2_main"]) == 120 and policies(g["fig2_main"]) == SIX_ARTIFACT
+    assert swept(g["fig2_main"], "seed", int) == [0, 1, 2, 3, 4]
     assert swept(g["fig2_main"], "workload") == ["gsp", "loogle", "sharegpt", "ultrachat"]
     assert len(g["fig3_models"]) == 36 and swept(g["fig3_models"], "model") == ["llama31_70b", "mixtral_8x7b"]
     assert set(values(g["fig3_models"], "workload.name")) == {"sharegpt"}  # the other benchmarks: fig8 / fig9
@@ -162,8 +168,8 @@ def test_grid_shapes(grids):
     assert swept(g["fig6_workers"], "cluster.num_workers", int) == [2, 4, 6, 8, 10]
     assert swept(g["fig7_cache_size"], "cluster.mem_fraction", float) == [0.5, 0.6, 0.7, 0.8, 0.9]
     assert set(values(g["fig7_cache_size"], "cluster.kv_cache_tokens")) == {None}  # the formula decides
-    assert policies(g["tab2_ablation"]) == {"cache_aware_lru", "cache_aware_rlt", "lbgr_lru", "lbgr_rlt"}
-    assert len(g["tab2_ablation"]) == 12 and set(values(g["tab2_ablation"], "workload.name")) == {"gsp"}
+    assert policies(g["tab2_ablation"]) == SIX_ARTIFACT - {"random_lru", "round_robin_lru"}
+    assert len(g["tab2_ablation"]) == 20 and set(values(g["tab2_ablation"], "workload.name")) == {"gsp"}
     assert swept(g["fig10_prefix_ratio"], "workload.shared_prefix_ratio", float) == [0.1, 0.3, 0.5, 0.7, 0.9]
     assert len(swept(g["fig11_num_queries"], "workload.num_queries")) == 5
     assert swept(g["fig12_output_len"], "workload.output_len", int) == [4, 8, 16, 32, 64, 128]
