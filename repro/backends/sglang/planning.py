@@ -274,6 +274,8 @@ def plan_cell(
         "connect_timeout_s": timeouts["connect_s"],
         "send_reference_output": emulate if send_ref == "auto" else bool(send_ref),
         "send_text": bool(b.client.send_text),
+        # protocol=artifact: their clients send the prompt as text (bench_serving, long.py, multi-turn.py)
+        "send_ids": str((cfg.get("protocol") or {}).get("name", "text")) != "artifact",
     }
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(
