@@ -274,9 +274,9 @@ def plan_cell(
         "connect_timeout_s": timeouts["connect_s"],
         "send_reference_output": emulate if send_ref == "auto" else bool(send_ref),
         "send_text": bool(b.client.send_text),
-        # protocol=artifact: their clients send the prompt as text (bench_serving, long.py, multi-turn.py)
-        "send_ids": str((cfg.get("protocol") or {}).get("name", "text")) != "artifact",
     }
+    if str((cfg.get("protocol") or {}).get("name", "text")) == "artifact":
+        client_cfg["send_ids"] = False  # their clients send the prompt as text (bench_serving, long.py, multi-turn.py)
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(
         workers,
