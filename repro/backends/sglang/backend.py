@@ -254,6 +254,7 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     from repro.backends import assembly
     from repro.backends.base import CellResult
     from repro.backends.sglang import orchestrate
+    from repro.backends.sglang.commands import server_preset_gaps
     from repro.backends.sglang.config import hardware_server
     from repro.workloads.trace import trace_rows, write_trace
 
@@ -268,11 +269,13 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     log_dir = cell_log_dir(plain)  # the harness's cell folder: from the config as the harness signed it
     plain["cluster"]["scheduler"] = asdict(cell.plan.scheduler)  # the processes get every knob, defaults filled in
     plan = orchestrate.plan_cell(plain, capacities, seeds, log_dir)
-    result = orchestrate.run_plan(plan, cell.requests, progress)
-    # observe: what ran, as a trace the simulator can replay (workload=trace, router=fixed)
-    write_trace(
-        Path(log_dir) / "trace.jsonl", trace_rows(cell.requests, result.records, result.records.attrs.get("output_ids"))
-    )
+    client_plan = getattr(cell.workload, "client", None)  # protocol=artifact: the authors' benchmark client
+    result = orchestrate.run_plan(plan, cell.requests, progress, client=client_plan)
+    if client_plan is None:  # a client's records are its sends, not cell.requests: no one-to-one trace
+        # observe: what ran, as a trace the simulator can replay (workload=trace, router=fixed)
+        write_trace(
+            Path(log_dir) / "trace.jsonl", trace_rows(cell.requests, result.records, result.records.attrs.get("output_ids"))
+        )
 
     b = plain["backend"]
     rs = result.router_stats or {}
@@ -305,6 +308,9 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
         if result.router_stats
         else None,
         "server": None if plan.emulate else {k: v for k, v in (b.get("server") or {}).items() if k != "env"},
+        # the scheduler config's behaviours SGLang 0.5.23 has no flag for (the 0.4.6 preset's): run its way
+        "server_preset_gaps": None if plan.emulate else server_preset_gaps(plain["cluster"]["scheduler"]),
+        "client_loop": report.get("client"),  # a workload's client (protocol=artifact): what it sent
         # what each real server's radix cache evicted, by its own count (rlt_patch's log line); None: no eviction
         "server_evictions": None if plan.emulate else [w.get("eviction") for w in result.worker_stats or []],
         "versions": _versions(plan.emulate, plan.workers[0].cmd[0] if plan.workers and not plan.emulate else None),

@@ -13,6 +13,11 @@ the emulated worker then generates exactly them, as the simulator assumes; SGLan
 multi-turn workloads the next turn's prompt — which holds the RECORDED reply — shares only the
 previous prompt with what the server cached; this is a real difference from the simulator).
 
+Under protocol=artifact (`send_ids` false) a request that has text goes as text alone, as the
+authors' clients send it: the server tokenizes it (and reports the prompt length it got). A
+workload with a client (`Workload.client`: the authors' warm-up and closed-loop clients) is run by
+client_loop.py, which sends through the same `_one`.
+
 Per request it records (RECORD_COLUMNS of repro.backends.base, so figures need no special case):
 - arrival_s: when the request was actually sent; first_token_s: when the first event carrying
   an output token arrived; finish_s: when the final event arrived — all in seconds since the
@@ -63,6 +68,9 @@ class ClientConfig:
     connect_timeout_s: float = Timeouts.connect_s
     send_reference_output: bool = False  # send repro_output_ids (emulated workers; plan_cell resolves "auto")
     send_text: bool = ClientSection.send_text  # the prompt text too (when the workload has it): text-matching routers
+    # False: a request with text goes as text alone, tokenized by the server as the authors' clients had it
+    # (protocol=artifact; plan_cell decides); True: the exact ids, the text riding along
+    send_ids: bool = True
     stream: bool = True
     path: str = "/generate"
 
@@ -101,8 +109,10 @@ async def _one(session, url: str, req: Any, cfg: ClientConfig, t0: float, row: _
         stream=cfg.stream,
         rid=f"repro-{req.id}",
         reference_output_ids=req.generated_tokens if cfg.send_reference_output else None,
-        text=req.text if cfg.send_text else None,
+        text=req.text if cfg.send_text or not cfg.send_ids else None,
     )
+    if not cfg.send_ids and body.get("text"):
+        del body["input_ids"]
     row.prompt_tokens = int(len(req.prompt_tokens))
     send = loop.time()
     row.lag_s = (send - t0) - float(req.arrival_s) / scale

@@ -78,6 +78,8 @@ def sglang_server_command(
     if "chunked_prefill_size" in sched:
         c = sched["chunked_prefill_size"]
         cmd += ["--chunked-prefill-size", str(-1 if c is None or int(c) <= 0 else int(c))]
+    if float(sched.get("schedule_conservativeness", 1.0)) != 1.0:  # 1.0: both versions' default
+        cmd += ["--schedule-conservativeness", f"{float(sched['schedule_conservativeness']):g}"]
     if tensor_parallel > 1:
         cmd += ["--tp-size", str(int(tensor_parallel))]
     if random_seed is not None:
@@ -89,6 +91,30 @@ def sglang_server_command(
     if enable_metrics:  # meta_info.queue_time on every reply (protocol.py)
         cmd.append("--enable-metrics")
     return cmd + [str(a) for a in extra_args]
+
+
+def server_preset_gaps(scheduler: Mapping[str, Any]) -> list[str]:
+    """What a scheduler config (cluster.scheduler) asks of the servers that SGLang 0.5.23 has no flag
+    for: the SGLang 0.4.6 preset's behaviours (conf/exp/shared/sglang_0_4_6.yaml) a live cell runs
+    0.5.23's way instead. Empty for 0.5.23's own defaults. docs/ALGORITHMS.md §7 has each rule."""
+    sched = dict(scheduler or {})
+    gaps = []
+    if sched.get("prefill_adder") == "sglang_0_4_6":
+        gaps.append(
+            "prefill_adder sglang_0_4_6: the servers admit with 0.5.23's PrefillAdder (outputs reserved in full, "
+            "not x new_token_ratio; its own stop rules)"
+        )
+    if sched.get("evict_request") == "whole":
+        gaps.append(
+            "evict_request whole: 0.5.23 asks the radix tree for the shortfall, not a batch's whole allocation "
+            "(RLT is asked for fewer tokens at once)"
+        )
+    if sched.get("prefill_adder") == "sglang_0_4_6" and sched.get("max_running_requests") is None:
+        gaps.append(
+            "max_running_requests null: no flag, so 0.5.23 sizes it from its own pool, not 0.4.6's "
+            "min(pool // 2, request pool)"
+        )
+    return gaps
 
 
 def sglang_router_release(router_cfg: Mapping[str, Any]) -> str:

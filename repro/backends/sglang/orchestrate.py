@@ -204,9 +204,15 @@ def _check_router(router: ManagedProcess) -> None:
         raise ServerStartError(router.describe_failure(f"exited with code {rc} in the middle of the cell"))
 
 
-def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float], None] | None = None) -> PlanResult:
-    """Start the workers and the router, replay `requests`, collect statistics, tear down."""
+def run_plan(
+    plan: CellPlan, requests: Sequence[Any], progress: Callable[[float], None] | None = None, client: Any = None
+) -> PlanResult:
+    """Start the workers and the router, replay `requests`, collect statistics, tear down.
+
+    `client`: the workload's client plan (protocol=artifact, repro.workloads.clients): `requests`
+    are then what it may send, and it decides the sends (client_loop.py)."""
     from repro.backends.sglang.client import ClientConfig, replay
+    from repro.backends.sglang.client_loop import client_replay
 
     t_start = time.monotonic()
     cell_deadline = t_start + plan.timeouts["cell_s"]
@@ -266,7 +272,11 @@ def run_plan(plan: CellPlan, requests: Sequence[Any], progress: Callable[[float]
                     await asyncio.sleep(0.5)
 
             async def _replay():
-                run = asyncio.ensure_future(replay(requests, plan.router_url, client_cfg, progress))
+                run = asyncio.ensure_future(
+                    replay(requests, plan.router_url, client_cfg, progress)
+                    if client is None
+                    else client_replay(client, requests, plan.router_url, client_cfg, progress)
+                )
                 watch = asyncio.ensure_future(_watch_nodes())
                 live = getattr(progress, "log", None)
                 poll = asyncio.ensure_future(

@@ -276,6 +276,8 @@ def plan_cell(
         "send_reference_output": emulate if send_ref == "auto" else bool(send_ref),
         "send_text": bool(b.client.send_text),
     }
+    if str((cfg.get("protocol") or {}).get("name", "text")) == "artifact":
+        client_cfg["send_ids"] = False  # their clients send the prompt as text (bench_serving, long.py, multi-turn.py)
     local_ports = [ports[i] for i in range(m) if node_of[i] == 0] + [router_port]
     return CellPlan(
         workers,
