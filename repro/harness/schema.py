@@ -84,15 +84,23 @@ class ReproSchema:
     local: Dict[str, Any] = field(default_factory=dict)  # per-site values (conf/local/), referenced by interpolation
 
 
-def paper_systems(*extra: str) -> str:
-    """`${systems:a,b}`: the paper's six systems (conf/exp/shared/six_systems.yaml, the one list)
-    followed by the policy options `extra`, as one sweep value (docs/EXTENDING.md)."""
+def paper_systems(*extra: str, _root_: Any = None) -> str:
+    """`${systems:a,b}`: the paper's six systems (conf/exp/shared/six_systems.yaml, the one list),
+    each as the cell's protocol implements it (`protocol.systems`), followed by the policy options
+    `extra`, as one sweep value (docs/EXTENDING.md)."""
+    import re
+
     import yaml
 
     from repro.confutil import CONF_DIR
 
-    six = yaml.safe_load((CONF_DIR / "exp" / "shared" / "six_systems.yaml").read_text())["policy"]
-    names = [*str(six).split(","), *(str(e).strip() for e in extra)]
+    six = str(yaml.safe_load((CONF_DIR / "exp" / "shared" / "six_systems.yaml").read_text())["policy"])
+    systems = _root_.get("protocol", {}).get("systems") if _root_ is not None else None
+    names = [
+        str(systems[m.group(1)]) if systems and m.group(1) in systems else m.group(1)
+        for m in re.finditer(r"\$\{protocol\.systems\.(\w+)\}", six)
+    ]
+    names += [str(e).strip() for e in extra]
     return ",".join(dict.fromkeys(n for n in names if n))
 
 

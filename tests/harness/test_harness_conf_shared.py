@@ -78,8 +78,8 @@ def test_six_systems_fill_the_sweep_in_place():
     import repro.harness.schema  # noqa: F401
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["exp=fig2_main"], return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+        cfg = compose("config", overrides=["exp=fig2_main", "protocol=text"], return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)  # ${protocol.systems.X}
     assert list(params) == ["workload", "policy", "seed"] and params["policy"] == SIX
     assert cfg.workload.num_queries == 1024 and cfg.cluster.kv_cache_tokens == 32768  # gsp's limited budget
 
@@ -154,10 +154,11 @@ def test_systems_resolver_adds_to_the_paper_six(tmp_path, monkeypatch, capsys):
 
     extra = "${systems:power_of_two_rlt,lbgr_lru}"  # lbgr_lru is one of the six: not twice
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["exp=fig2_main", f"hydra.sweeper.params.policy={extra}"],
+        cfg = compose("config", overrides=["exp=fig2_main", "protocol=text", f"hydra.sweeper.params.policy={extra}"],
                       return_hydra_config=True)
     assert OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)["policy"] == SIX + ",power_of_two_rlt"
-    code = run_inprocess(tmp_path, "+exp=fig2_main", "workload=gsp", "seed=0", f"hydra.sweeper.params.policy={extra}",
+    code = run_inprocess(tmp_path, "+exp=fig2_main", "protocol=text", "workload=gsp", "seed=0",
+                         f"hydra.sweeper.params.policy={extra}",
                          "--dry-run", monkeypatch=monkeypatch)
     out = capsys.readouterr().out
     # a grid beyond the paper's: its own folder, named after the system it gained (issue 42)
