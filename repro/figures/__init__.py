@@ -11,7 +11,10 @@ loader), perf (the six-panel performance figures), tables, captions, style, clai
 claims table) and reproduce (REPRODUCE.md's generated blocks and figures/README.md).
 thm_competitive_ratio is the kvcache engineer's module, registered here as is. fig8/fig9 are
 the paper's appendix figures as we read them; fig2_router_rules, regime_map and load_ladder go beyond
-the paper (fig2_router_rules also reads results/fig2_main/).
+the paper (fig2_router_rules also reads results/fig2_main/). Protocols (issue 39): render_artefact
+draws each artefact once per protocol its results folder holds, inside load.protocol_view, the
+non-default protocol's files suffixed (repro.figures.protocols); claims and headline judge each
+protocol apart.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ ENDINGS = (".caption.txt", ".png", ".pdf", ".csv", ".md", ".tex", ".txt", ".json
 _SUFFIX: ContextVar[str] = ContextVar("protocol_file_suffix", default="")
 
 
-@functools.lru_cache(maxsize=None)
 def default_protocol(exp: str) -> str:
     """The protocol `python -m repro.run +exp=<exp>` runs: protocol.name of conf/exp/<exp>.yaml's
     composed config; text for an experiment without a conf file (the user's own folders). An
@@ -43,23 +42,30 @@ def default_protocol(exp: str) -> str:
     path = CONF_DIR / "exp" / f"{exp}.yaml"
     if not path.is_file():
         return DEFAULT_PROTOCOL
-    try:
-        return _composed_protocol(exp)
-    except Exception:  # noqa: BLE001 — an experiment file that does not compose: what its defaults list says
-        return _listed_protocol(path)
+    return _composed_protocols().get(exp) or _listed_protocol(path)
 
 
-def _composed_protocol(exp: str) -> str:
+@functools.lru_cache(maxsize=1)
+def _composed_protocols() -> dict[str, str]:
+    """protocol.name of every conf/exp/*.yaml's composed config, composed once per process (an
+    experiment file that does not compose, or a caller inside a running Hydra app, is left out:
+    default_protocol then reads the experiment's defaults list)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     import repro.harness.schema  # noqa: F401  (registers the structured schema before composition)
 
     if GlobalHydra.instance().is_initialized():  # inside a running Hydra app: leave its state alone
-        raise RuntimeError("Hydra is initialised by the caller")
+        return {}
+    out = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"exp={exp}"])
-    return str((cfg.get("protocol") or {}).get("name") or DEFAULT_PROTOCOL)
+        for path in sorted((CONF_DIR / "exp").glob("*.yaml")):
+            try:
+                cfg = compose(config_name="config", overrides=[f"exp={path.stem}"])
+            except Exception:  # noqa: BLE001 — see the docstring
+                continue
+            out[path.stem] = str((cfg.get("protocol") or {}).get("name") or DEFAULT_PROTOCOL)
+    return out
 
 
 def _listed_protocol(path: Path) -> str:
