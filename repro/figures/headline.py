@@ -42,14 +42,17 @@ def _value(ours: str) -> str:
     return ours.split(" (", 1)[0].split(";", 1)[0].strip()
 
 
-def cell(row: pd.Series, protocol: str, fmt) -> str:
+def cell(row: pd.Series, protocol: str, fmt, flip: bool = False) -> str:
+    """ "1.02× (seeds 1.01× to 1.04×, n = 3); not reproduced". flip: fmt reverses the order (a
+    reduction shown as a negative change), so the spread still reads from low to high."""
     verdict = row.get(f"verdict:{protocol}", ABSENT)
     if verdict == ABSENT:
         return ABSENT
     per_seed = tuple(row.get(f"per_seed:{protocol}") or ())
     text = _value(str(row[f"ours:{protocol}"]))
     if len(per_seed) > 1:
-        text += f" (seeds {fmt(min(per_seed))} to {fmt(max(per_seed))}, n = {len(per_seed)})"
+        lo, hi = (max(per_seed), min(per_seed)) if flip else (min(per_seed), max(per_seed))
+        text += f" (seeds {fmt(lo)} to {fmt(hi)}, n = {len(per_seed)})"
     elif len(per_seed) == 1:
         text += " (one seed)"
     return f"{text}; {verdict}"
@@ -71,7 +74,8 @@ def headline_block(claims_table: pd.DataFrame) -> str:
             continue
         row = by_id.loc[cid]
         fmt = _fmt(rules.get(cid, ""), str(row["paper"]))
-        lines.append(f"| {what} | {row['paper']} | " + " | ".join(cell(row, p, fmt) for p in protocols) + " |")
+        flip = rules.get(cid) == "reduction"
+        lines.append(f"| {what} | {row['paper']} | " + " | ".join(cell(row, p, fmt, flip) for p in protocols) + " |")
     lines += [
         "",
         "Each number is the claims table's (`figures/claims.md`, same verdict rules): the mean over benchmarks "
