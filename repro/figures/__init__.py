@@ -11,7 +11,10 @@ loader), perf (the six-panel performance figures), tables, captions, style, clai
 claims table) and reproduce (REPRODUCE.md's generated blocks and figures/README.md).
 thm_competitive_ratio is the kvcache engineer's module, registered here as is. fig8/fig9 are
 the paper's appendix figures as we read them; fig2_router_rules, regime_map and load_ladder go beyond
-the paper (fig2_router_rules also reads results/fig2_main/).
+the paper (fig2_router_rules also reads results/fig2_main/). Protocols (issue 39): render_artefact
+draws each artefact once per protocol its results folder holds, inside load.protocol_view, the
+non-default protocol's files suffixed (repro.figures.protocols); claims and headline judge each
+protocol apart.
 """
 
 from __future__ import annotations
@@ -75,40 +78,54 @@ def experiments_read(name: str) -> tuple[str, ...]:
 
 
 def render_artefact(name: str, results_dir, figures_dir) -> str | None:
-    """Draw one artefact into figures_dir (logging a line); the problem that stopped it, or None.
-    Module level, so that a sweep's worker process can draw a finished experiment's figures."""
-    import sys
-    import time
+    """Draw one artefact into figures_dir, once per protocol present in its results folder
+    (repro.figures.protocols: the experiment's default protocol keeps the plain file names),
+    logging a line; the problems that stopped it, or None. Module level, so that a sweep's
+    worker process can draw a finished experiment's figures."""
     from pathlib import Path
 
-    from repro.figures.load import ResultsError
+    from repro.figures import overrides
+    from repro.figures.load import protocols_present
+
+    results_dir, figures_dir = Path(results_dir), Path(figures_dir)
+    drawn = protocols_present(results_dir, experiment_of(name)) or [None]  # none: the loader says what is missing
+    found = [_render_one(name, results_dir, figures_dir, p) for p in drawn]
+    if name in ARTEFACTS:  # its override runs' figures go next to it (results/<name>+<changes>/)
+        found += [render_artefact(f, results_dir, figures_dir) for f in overrides.override_folders(results_dir, name)]
+    problems = [p for p in found if p is not None]
+    return "; ".join(problems) if problems else None
+
+
+def _render_one(name: str, results_dir, figures_dir, protocol: str | None) -> str | None:
+    """render_artefact's drawing under one protocol (None: all cells, as the loader reads them)."""
+    import sys
+    import time
+
+    from repro.figures import overrides
+    from repro.figures.load import ResultsError, protocol_view
+    from repro.figures.protocols import file_suffix, protocol_files
 
     t0 = time.perf_counter()
-    results_dir, figures_dir = Path(results_dir), Path(figures_dir)
-    from repro.figures import overrides
-
+    label = name + (f" [protocol={protocol}]" if protocol is not None else "")
     try:
-        if name in ARTEFACTS:
-            paths = artefact(name).render(results_dir, figures_dir)
-        elif overrides.paper_of(name) is not None:  # an override run of a paper experiment
-            paths = overrides.render(name, results_dir, figures_dir)
-        else:  # an experiment folder of no paper artefact: the user's own
-            from repro.figures import generic
+        with protocol_view(protocol), protocol_files(file_suffix(name, protocol)):
+            if name in ARTEFACTS:
+                paths = artefact(name).render(results_dir, figures_dir)
+            elif overrides.paper_of(name) is not None:  # an override run of a paper experiment
+                paths = overrides.render(name, results_dir, figures_dir)
+            else:  # an experiment folder of no paper artefact: the user's own
+                from repro.figures import generic
 
-            paths = generic.render(name, results_dir, figures_dir)
+                paths = generic.render(name, results_dir, figures_dir)
+            if name == "thm_competitive_ratio":
+                from repro.figures.reproduce import thm_caption
+                from repro.figures.style import write_text
+
+                paths.append(write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n"))
     except (ArtefactUnavailable, ResultsError, FileNotFoundError, ValueError) as exc:
-        print(f"[render] {name}: skipped — {exc}", file=sys.stderr, flush=True)
-        return f"{name}: {exc}"
-    if name == "thm_competitive_ratio":
-        from repro.figures.reproduce import thm_caption
-        from repro.figures.style import write_text
-
-        write_text(figures_dir, f"{name}.caption.txt", thm_caption(results_dir) + "\n")
-    print(f"[render] {name}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    if name in ARTEFACTS:  # its override runs' figures go next to it (results/<name>+<changes>/)
-        found = [render_artefact(f, results_dir, figures_dir) for f in overrides.override_folders(results_dir, name)]
-        problems = [p for p in found if p is not None]
-        return "; ".join(problems) if problems else None
+        print(f"[render] {label}: skipped — {exc}", file=sys.stderr, flush=True)
+        return f"{label}: {exc}"
+    print(f"[render] {label}: {len(paths)} file(s) in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return None
 
 

@@ -147,7 +147,13 @@ def generated(results_dir: Path):
     from repro.figures import claims, reproduce
 
     table = claims.evaluate(results_dir)
-    blocks = {"figures": reproduce.figures_table(results_dir, table), "claims": reproduce.claims_block(table)}
+    from repro.figures.headline import headline_block
+
+    blocks = {
+        "figures": reproduce.figures_table(results_dir, table),
+        "headline": headline_block(table),
+        "claims": reproduce.claims_block(table),
+    }
     return table, blocks, reproduce.claims_file(table)
 
 
@@ -171,8 +177,9 @@ def write_generated(results_dir: Path, figures_dir: Path, reproduce_md: Path | N
         write_atomic(reproduce_md, text)
     else:
         log(f"[claims] {reproduce_md} does not exist: only figures/claims.md written")
-    counts = table["verdict"].value_counts().to_dict()
-    log(f"[claims] {len(table)} claims: {counts}")
+    from repro.figures.claims import protocols_of, verdict_counts
+
+    log(f"[claims] {len(table)} claims: " + "; ".join(f"{p}: {verdict_counts(table, p)}" for p in protocols_of(table)))
     return table
 
 

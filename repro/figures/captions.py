@@ -1,6 +1,6 @@
 """Provenance sentences for captions, computed from the cells a figure or table shows.
 
-Every caption says: the backend, the workload(s) (sim = this repository's discrete-event simulator, sglang =
+Every caption says: the protocol (repro.figures.protocols), the backend, the workload(s) (sim = this repository's discrete-event simulator, sglang =
 real SGLang servers), the model (weight dtype, tensor parallelism) and GPU, the seeds (and
 that values are mean ± SD over them when there are several), any synthetic stand-in data
 (workload provenance `synthetic: true`), the tokenizer, and the ShareGPT truncation note
@@ -134,9 +134,23 @@ def integrity_notes(df: pd.DataFrame, shown: int = 6) -> list[str]:
     return out
 
 
+def protocol_text(df: pd.DataFrame) -> str:
+    """ "Protocol: artifact (the authors' scripts: ...)" for the protocols of the cells shown."""
+    from repro.figures.load import DEFAULT_PROTOCOL, PROTOCOL
+    from repro.figures.protocols import PROTOCOL_WORDS
+
+    found = _unique(df, PROTOCOL) or ([DEFAULT_PROTOCOL] if len(df) else [])
+    if not found:
+        return ""
+    return "Protocol: " + "; ".join(PROTOCOL_WORDS.get(str(p), str(p)) for p in found)
+
+
 def provenance_caption(df: pd.DataFrame, point_keys: list[str]) -> str:
-    """One line: backend; model/GPU; seeds; data notes."""
+    """One line: protocol; backend; model/GPU; seeds; data notes."""
     parts = []
+    proto = protocol_text(df)
+    if proto:
+        parts.append(proto)
     b = backends(df)
     if b:
         parts.append("Backend: " + ", ".join(BACKEND_WORDS.get(x, x) for x in b))

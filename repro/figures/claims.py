@@ -64,6 +64,7 @@ from repro.figures.claims_catalogue import CLAIMS, Claim, load_catalogue
 from repro.figures.claims_evidence import NO_DATA_ERRORS, Results, compared_regimes, regime_text
 from repro.figures.claims_rules import RULES, mean_ratio
 from repro.figures.claims_verdict import (
+    ABSENT,
     K_SE,
     LOSS,
     NO_DATA,
@@ -82,6 +83,7 @@ from repro.figures.claims_verdict import (
     qualitative,
     times,
 )
+from repro.figures.load import PROTOCOLS, protocol_view, protocols_present
 from repro.figures.claims_why import (
     WHY_FILE,
     Why,
@@ -95,38 +97,62 @@ from repro.figures.claims_why import (
 from repro.figures.style import PAPER_SYSTEMS
 
 
+WHY_PROTOCOL = "text"  # the protocol the Why texts (claims_why.yaml) and their stamps are written for
+
+
+def _present(results_dir: Path, artefact: str) -> set[str]:
+    """The protocols of the claim folder's cells (none when it cannot be read: the rule says why)."""
+    try:
+        return set(protocols_present(results_dir, artefact))
+    except NO_DATA_ERRORS:
+        return set()
+
+
 def evaluate(results_dir: str | Path, claims: Iterable[Claim] | None = None) -> pd.DataFrame:
-    """One row per claim: id, artefact, claim, paper, ours, regime (of the points it compared:
-    claims_evidence.regime_text), verdict, why, stamp (of the numbers the claim's Why text must
-    have been written against)."""
-    r = Results(results_dir)
-    rows = []
-    for c in CLAIMS if claims is None else claims:
-        with compared_regimes() as seen:
-            try:
-                f = c.evaluate(r)
-            except NO_DATA_ERRORS as exc:
-                reason = str(exc).split("\n")[0]
-                f = Finding(f"no data ({reason[:160]})", NO_DATA)
-        entry = claims_why.WHY.get(c.id, {}).get(f.verdict)
-        stamp = stamp_of(r, why_about(c, entry))
-        rows.append(
-            {
-                "id": c.id,
-                "artefact": c.artefact,
-                "claim": c.statement,
-                "paper": c.paper,
-                "ours": f.ours,
-                "regime": regime_text(seen),
-                "verdict": f.verdict,
-                "why": claims_why.why(c.id, f.verdict, stamp),
-                "stamp": stamp,
-            }
-        )
+    """One row per claim: id, artefact, claim, paper; per protocol p (load.PROTOCOLS) `ours:p`,
+    `verdict:p` and `regime:p` (of the points it compared: claims_evidence.regime_text), each
+    computed on that protocol's cells alone (load.protocol_view), ABSENT where p has no cells in
+    the claim's folder; `ours`, `verdict`, `regime` repeat WHY_PROTOCOL's, whose verdict keys the
+    why text; stamp (of the numbers that Why text must have been written against, on
+    WHY_PROTOCOL's cells)."""
+    claims = list(CLAIMS if claims is None else claims)
+    results_dir = Path(results_dir)
+    present = {a: _present(results_dir, a) for a in dict.fromkeys(c.artefact for c in claims)}
+    rows = [{"id": c.id, "artefact": c.artefact, "claim": c.statement, "paper": c.paper} for c in claims]
+    note_stamps: dict[str, str] = {}
+    for protocol in PROTOCOLS:
+        with protocol_view(protocol):
+            r = Results(results_dir)
+            for c, row in zip(claims, rows):
+                if present[c.artefact] and protocol not in present[c.artefact]:
+                    f, regime = Finding(ABSENT, ABSENT), ABSENT
+                else:
+                    with compared_regimes() as seen:
+                        try:
+                            f = c.evaluate(r)
+                        except NO_DATA_ERRORS as exc:
+                            reason = str(exc).split("\n")[0]
+                            f = Finding(f"no data ({reason[:160]})", NO_DATA)
+                    regime = regime_text(seen)
+                row.update({f"ours:{protocol}": f.ours, f"verdict:{protocol}": f.verdict, f"regime:{protocol}": regime})
+                if protocol == WHY_PROTOCOL:
+                    entry = claims_why.WHY.get(c.id, {}).get(f.verdict)
+                    stamp = stamp_of(r, why_about(c, entry))
+                    row.update(
+                        ours=f.ours,
+                        verdict=f.verdict,
+                        regime=regime,
+                        why=claims_why.why(c.id, f.verdict, stamp),
+                        stamp=stamp,
+                        per_seed=f.per_seed,
+                    )
+                row[f"per_seed:{protocol}"] = f.per_seed
+            if protocol == WHY_PROTOCOL:
+                note_stamps = {
+                    k: stamp_of(r, v.about or ("fig2_main",)) for k, v in claims_why.NOTES.items() if isinstance(v, Why)
+                }
     table = pd.DataFrame(rows)
-    table.attrs["note_stamps"] = {
-        k: stamp_of(r, v.about or ("fig2_main",)) for k, v in claims_why.NOTES.items() if isinstance(v, Why)
-    }
+    table.attrs["note_stamps"] = note_stamps
     return table
 
 
@@ -134,33 +160,48 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def protocols_of(table: pd.DataFrame) -> list[str]:
+    """The protocols the table has columns for, in PROTOCOLS order."""
+    return [p for p in PROTOCOLS if f"verdict:{p}" in table]
+
+
+def verdict_counts(table: pd.DataFrame, protocol: str) -> str:
+    counts = table[f"verdict:{protocol}"].value_counts()
+    text = ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+    absent = int(counts.get(ABSENT, 0))
+    return text + (f", {absent} without cells ({ABSENT})" if absent else "")
+
+
+def regime_cell(row: pd.Series, protocols: list[str]) -> str:
+    """The Load regime column: each protocol's, where it has cells ("artifact: stable · text: ...")."""
+    parts = [(p, row[f"regime:{p}"]) for p in protocols if row[f"regime:{p}"] != ABSENT]
+    if len(parts) == 1 and len(protocols) == 1:
+        return str(parts[0][1])
+    return " · ".join(f"{p}: {r}" for p, r in parts) or ABSENT
+
+
 def to_markdown(table: pd.DataFrame) -> str:
-    """The claims table as Markdown (deterministic text; what --check compares)."""
-    counts = table["verdict"].value_counts()
-    head = ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+    """The claims table as Markdown: one column of numbers and one of verdicts per protocol
+    (deterministic text; what --check compares)."""
+    protocols = protocols_of(table)
+    head = "; ".join(f"{p} protocol: {verdict_counts(table, p)}" for p in protocols)
+    columns = ["ID", "Claim", "Paper"]
+    for p in protocols:
+        columns += [f"Ours ({p})", f"Verdict ({p})"]
+    columns += ["Load regime", f"Why ({WHY_PROTOCOL} protocol)"]
     lines = [
-        f"{len(table)} claims: {head}.",
+        f"{len(table)} claims. {head}.",
         "",
-        "| ID | Claim | Paper | Ours | Load regime | Verdict | Why |",
-        "|:---|:---|:---|:---|:---|:---|:---|",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join(":---" for _ in columns) + "|",
     ]
     for _, row in table.iterrows():
-        lines.append(
-            "| "
-            + " | ".join(
-                _cell(x)
-                for x in (
-                    f"`{row['id']}`",
-                    row["claim"],
-                    row["paper"],
-                    row["ours"],
-                    row["regime"],
-                    f"**{row['verdict']}**",
-                    row["why"],
-                )
-            )
-            + " |"
-        )
+        cells = [f"`{row['id']}`", row["claim"], row["paper"]]
+        for p in protocols:
+            v = row[f"verdict:{p}"]
+            cells += [row[f"ours:{p}"], v if v == ABSENT else f"**{v}**"]
+        cells += [regime_cell(row, protocols), row["why"]]
+        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     used = cited_notes(" ".join(table["why"]))
     if used:
         lines += ["", "Notes cited in the Why column:", ""]
@@ -191,10 +232,17 @@ def cited_notes(text: str) -> list[str]:
 
 
 def status_by_artefact(table: pd.DataFrame) -> dict[str, str]:
+    """Per artefact, each protocol's verdict counts ("artifact: 2 partly; text: 1 reproduced, 1 partly")."""
+    protocols = protocols_of(table)
     out = {}
     for art, g in table.groupby("artefact", sort=False):
-        counts = g["verdict"].value_counts()
-        out[art] = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts.get(v, 0))
+        parts = []
+        for p in protocols:
+            counts = g[f"verdict:{p}"].value_counts()
+            text = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts.get(v, 0))
+            if text:
+                parts.append(f"{p}: {text}")
+        out[art] = "; ".join(parts) or ABSENT
     return out
 
 

@@ -172,8 +172,10 @@ def mean_ratio(name: str, base: str, ours: str, metric: str, paper: float, fmt=t
 
         seeds = set.intersection(*(common_seeds(g, (base, ours), metric) for g in groups))
         neutral = 1.0 if fmt is times else 0.0
-        direction = seedwise(_facet_stat(groups, one), sorted(seeds), neutral, 1.0 if fmt is times else np.sign(paper))
-        return numeric(float(np.mean(vals)), paper, fmt, per if len(per) > 1 else None, direction)
+        stat = _facet_stat(groups, one)
+        direction = seedwise(stat, sorted(seeds), neutral, 1.0 if fmt is times else np.sign(paper))
+        per_seed = [stat(s) for s in sorted(seeds)]
+        return numeric(float(np.mean(vals)), paper, fmt, per if len(per) > 1 else None, direction, per_seed)
 
     return run
 
@@ -196,8 +198,10 @@ def reduction(name: str, base: str, ours: str, metric: str, paper: float):
             return None if b is None or o is None else 1 - o / b
 
         seeds = set.intersection(*(common_seeds(g, (base, ours), metric) for g in groups))
-        direction = seedwise(_facet_stat(groups, one), sorted(seeds), 0.0, np.sign(paper))
-        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), direction=direction)
+        stat = _facet_stat(groups, one)
+        direction = seedwise(stat, sorted(seeds), 0.0, np.sign(paper))
+        per_seed = [stat(s) for s in sorted(seeds)]
+        return numeric(float(np.mean(vals)), paper, lambda z: pct(-z), direction=direction, per_seed=per_seed)
 
     return run
 

@@ -17,6 +17,7 @@ REPRODUCED, PARTLY, NOT, NO_DATA = "reproduced", "partly", "not reproduced", "no
 WIN, TIE, LOSS = 1, 0, -1
 K_SE = 2.0  # a difference counts when it exceeds this many standard errors over seeds
 VERDICTS = (REPRODUCED, PARTLY, NOT, NO_DATA)
+ABSENT = "—"  # a protocol without cells in the claim's results folder (while another protocol has some)
 FACTOR_BAND = 2.0  # numeric claims: within a factor 2 of the paper counts as reproduced
 TPUT_TIE = 0.005
 LOWER = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s")
@@ -35,6 +36,7 @@ SHORT = {
 class Finding:
     ours: str
     verdict: str
+    per_seed: tuple[float, ...] = ()  # numeric claims: the claim's statistic on each seed's cells alone
 
 
 def paired(d: np.ndarray) -> int:
@@ -154,19 +156,26 @@ def listed(checks: "Checks", unit: str) -> Finding:
 
 
 def numeric(
-    ours: float, paper: float, fmt: Callable[[float], str], per: list[str] | None = None, direction: int | None = None
+    ours: float,
+    paper: float,
+    fmt: Callable[[float], str],
+    per: list[str] | None = None,
+    direction: int | None = None,
+    per_seed: Iterable[float | None] = (),
 ) -> Finding:
     """Same direction as the paper (sign of the change, or factor > 1) and within FACTOR_BAND.
     `direction`: the noise-aware outcome of "ours differs from no change in the paper's
-    direction" (WIN / TIE / LOSS; None: not known, strict)."""
+    direction" (WIN / TIE / LOSS; None: not known, strict). `per_seed`: the statistic per seed,
+    carried for the seed spread of REPRODUCE.md's headline table (it decides nothing here)."""
     if ours is None or not math.isfinite(ours):
         return Finding("n/a", NO_DATA)
+    seeds = tuple(float(v) for v in per_seed if v is not None and math.isfinite(v))
     same = ours > 1 if fmt is times else (np.sign(ours) == np.sign(paper) and ours != 0)
     close = bool(same) and 1 / FACTOR_BAND <= ours / paper <= FACTOR_BAND
     text = fmt(ours) + (f" ({', '.join(per)})" if per else "")
     if direction == TIE:
-        return Finding(text + "; tie within noise", NOT)
-    return Finding(text, REPRODUCED if close else (PARTLY if same else NOT))
+        return Finding(text + "; tie within noise", NOT, seeds)
+    return Finding(text, REPRODUCED if close else (PARTLY if same else NOT), seeds)
 
 
 def seedwise(

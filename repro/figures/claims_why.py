@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from repro.figures.claims_evidence import NO_DATA_ERRORS, PER_SEED, Results
-from repro.figures.claims_verdict import NO_DATA, REPRODUCED
+from repro.figures.claims_verdict import ABSENT, NO_DATA, REPRODUCED
 
 WHY_FILE = Path(__file__).with_name("claims_why.yaml")
 STAMP_DIGITS = 3
@@ -105,7 +105,7 @@ def why(claim_id: str, verdict: str, stamp_now: str | None = None) -> str:
                 f"vs {stamp_now} now; list: {STALE_HINT})"
             )
         return entry.text
-    if verdict in (REPRODUCED,):
+    if verdict in (REPRODUCED, ABSENT):
         return ""
     if verdict == NO_DATA:
         return "results missing: run `make figures`"
@@ -123,7 +123,7 @@ def stale_entries(table: pd.DataFrame) -> list[dict]:
     """Every Why text / note that is not current for these results: what to rewrite."""
     out = []
     for _, row in table.iterrows():
-        if row["verdict"] == NO_DATA:
+        if row["verdict"] in (NO_DATA, ABSENT):
             continue
         texts = WHY.get(row["id"], {})
         entry = texts.get(row["verdict"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -44,6 +45,13 @@ METRICS: tuple[str, ...] = ("latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttf
 DERIVED: tuple[str, ...] = ("eviction_ms_per_query", "routing_ms_per_query", "cpu_s")
 SYSTEM = "policy_name"
 SEED = "seed"
+# The protocol view (issue 39): every row's protocol (`protocol.name` of its config; cells without
+# the key are text) and, where the cell's protocol maps it (`protocol.paper_names`), its system under
+# the paper's name in SYSTEM with the implementation's name kept in SYSTEM_IMPL.
+PROTOCOL = "protocol"
+SYSTEM_IMPL = "policy_impl"
+DEFAULT_PROTOCOL = "text"
+PROTOCOLS: tuple[str, ...] = ("artifact", "text")  # the claims table's column order (others sort after)
 
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
@@ -108,6 +116,31 @@ def cell_counts(results_dir: str | Path, exp: str) -> dict[str, int]:
 
 
 _MEMO: dict | None = None
+_VIEW: ContextVar[str | None] = ContextVar("protocol_view", default=None)
+
+
+@contextmanager
+def protocol_view(name: str | None):
+    """Within the block, load_cells returns only the cells of protocol `name` (None: all), so
+    that a figure module or a claim rule sees one protocol at a time."""
+    token = _VIEW.set(name)
+    try:
+        yield name
+    finally:
+        _VIEW.reset(token)
+
+
+def current_protocol() -> str | None:
+    """The protocol of the open protocol_view block (None outside one)."""
+    return _VIEW.get()
+
+
+def protocols_present(results_dir: str | Path, exp: str) -> list[str]:
+    """The protocols of results/<exp>/'s finished cells, in PROTOCOLS order (others after, sorted)."""
+    with protocol_view(None):
+        df = load_cells(results_dir, exp)
+    found = set(df[PROTOCOL]) if len(df) else set()
+    return [p for p in PROTOCOLS if p in found] + sorted(found - set(PROTOCOLS))
 
 
 @contextmanager
@@ -131,13 +164,22 @@ def remember(frames: Mapping) -> None:
 
 
 def load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
-    """One row per finished cell of results/<exp>/ (empty frame when there is none)."""
+    """One row per finished cell of results/<exp>/ (empty frame when there is none); inside a
+    protocol_view block only that protocol's cells."""
     key = (str(Path(results_dir).resolve()), exp)
     if _MEMO is not None:
         if key not in _MEMO:
             _MEMO[key] = _load_cells(results_dir, exp)
-        return _MEMO[key].copy()
-    return _load_cells(results_dir, exp)
+        df = _MEMO[key].copy()
+    else:
+        df = _load_cells(results_dir, exp)
+    view = _VIEW.get()
+    if view is None or df.empty:
+        return df
+    attrs = dict(df.attrs)
+    df = df[df[PROTOCOL] == view].reset_index(drop=True)
+    df.attrs = attrs
+    return df
 
 
 def _is_stale(cell_dir: Path, config: dict) -> bool:
@@ -193,7 +235,7 @@ def _load_cells(results_dir: str | Path, exp: str) -> pd.DataFrame:
     for k in SUMMARY_KEYS:
         if k in df and k not in TEXT_SUMMARY_KEYS:
             df[k] = pd.to_numeric(df[k], errors="coerce")
-    df = add_overheads(df)
+    df = add_overheads(with_protocol(df))
     df.attrs["summary_columns"] = sorted(summary_cols)
     df.attrs["unfinished"] = unfinished
     return df
@@ -205,6 +247,29 @@ NUMERIC_SUMMARY_KEYS = frozenset(SUMMARY_KEYS) - frozenset(TEXT_SUMMARY_KEYS)
 def _is_number(v) -> bool:
     """A metric as the harness writes it: a number, or null / NaN where it is undefined."""
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def with_protocol(df: pd.DataFrame) -> pd.DataFrame:
+    """PROTOCOL per row (`protocol.name`, text without it); SYSTEM under the paper's name where the
+    cell's `protocol.paper_names` pairs map it, the implementation's name in SYSTEM_IMPL."""
+    df = df.copy()
+    names = df["protocol.name"] if "protocol.name" in df else pd.Series(None, index=df.index, dtype=object)
+    df[PROTOCOL] = [str(v) if isinstance(v, str) and v else DEFAULT_PROTOCOL for v in names]
+    if SYSTEM not in df:
+        return df
+    pairs = df["protocol.paper_names"] if "protocol.paper_names" in df else pd.Series(None, index=df.index)
+    df[SYSTEM_IMPL] = df[SYSTEM]
+    df[SYSTEM] = [_paper_name(s, p) for s, p in zip(df[SYSTEM], pairs)]
+    return df
+
+
+def _paper_name(system, pairs):
+    if not isinstance(system, str) or not isinstance(pairs, tuple):
+        return system
+    for pair in pairs:
+        if isinstance(pair, tuple) and len(pair) == 2 and pair[0] == system:
+            return pair[1]
+    return system
 
 
 def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
@@ -238,6 +303,12 @@ def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
 
 def require(df: pd.DataFrame, exp: str, columns: Iterable[str] = ()) -> pd.DataFrame:
     if df.empty:
+        view = _VIEW.get()
+        if view is not None:
+            raise ResultsError(
+                f"no finished protocol={view} cells under results/{exp}/: run "
+                f"`python -m repro.run +exp={exp} protocol={view}`"
+            )
         raise ResultsError(f"no finished cells under results/{exp}/: run `python -m repro.run +exp={exp}`")
     missing = [c for c in columns if c not in df.columns]
     if missing:
@@ -259,6 +330,8 @@ def _config_columns(df: pd.DataFrame) -> list[str]:
             continue
         if c.split(".", 1)[0] in NON_RESULT_KEYS:
             continue
+        if c.startswith(f"{PROTOCOL}."):  # `protocol` itself (text for cells without the key) is checked
+            continue
         out.append(c)
     return out
 
@@ -273,8 +346,15 @@ def _key(v) -> str:
 
 
 def check_poolable(df: pd.DataFrame, keys: Sequence[str], exp: str) -> None:
-    """Raise unless the cells of each `keys` group differ in the seed only, one cell per seed."""
+    """Raise unless the cells of each `keys` group differ in the seed only, one cell per seed
+    (and never pool two protocols' cells: a figure draws one protocol at a time)."""
     keys = list(keys)
+    mixed = sorted(set(df[PROTOCOL])) if PROTOCOL in df and PROTOCOL not in keys else []
+    if len(mixed) > 1:
+        raise ResultsError(
+            f"results/{exp}/: cells of the protocols {mixed} in one table; draw one protocol at a time "
+            f"(repro.figures.load.protocol_view, as `python -m repro.figures` does)"
+        )
     cfg_cols = [c for c in _config_columns(df) if c not in keys and c != SEED]
     by = [df[k].map(_key) for k in keys]  # NaN-safe, type-stable group labels
     if cfg_cols:

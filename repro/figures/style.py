@@ -142,7 +142,10 @@ def add_caption(fig, caption: str, width_chars: int) -> None:
 
 
 def save_figure(fig, figures_dir: str | Path, name: str) -> list[Path]:
-    """figures_dir/name.png and .pdf, atomically; closes the figure; returns the paths."""
+    """figures_dir/name.png and .pdf, atomically; closes the figure; returns the paths (inside
+    repro.figures.protocols.protocol_files: name.<protocol>.png, ...)."""
+    from repro.figures.protocols import suffixed
+
     out = []
     # The tight box is computed once and reused by both formats, instead of each
     # savefig(bbox_inches="tight") drawing the figure twice.
@@ -150,13 +153,16 @@ def save_figure(fig, figures_dir: str | Path, name: str) -> list[Path]:
     for ext, meta in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, metadata=meta, bbox_inches=bbox)
-        out.append(write_atomic(Path(figures_dir) / f"{name}.{ext}", buf.getvalue()))
+        out.append(write_atomic(Path(figures_dir) / suffixed(f"{name}.{ext}"), buf.getvalue()))
     plt.close(fig)
     return out
 
 
 def write_text(figures_dir: str | Path, filename: str, text: str) -> Path:
-    return write_atomic(Path(figures_dir) / filename, text)
+    """figures_dir/filename (inside repro.figures.protocols.protocol_files: with its suffix)."""
+    from repro.figures.protocols import suffixed
+
+    return write_atomic(Path(figures_dir) / suffixed(filename), text)
 
 
 def latex_escape(text: str) -> str:

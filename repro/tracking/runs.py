@@ -6,7 +6,8 @@
   cell continues its run). Not a hash of the path: clones of one results folder agree.
 - group = experiment, job_type = backend, display name "LBGR+RLT · gsp · 12 req/s · seed 0"
   (policy · workload · rate · the other swept keys · seed), tags `workload:gsp`, `policy:...`,
-  `router:`, `eviction:`, `model:`, `hardware:`, `seed:`, `backend:` + tracking.tags.
+  `router:`, `eviction:`, `model:`, `hardware:`, `seed:`, `backend:`, `protocol:` (text for cells
+  without the key) + tracking.tags.
 - Config flattened to dotted keys (`workload.request_rate`), so W&B groups and plots by them.
 """
 
@@ -124,6 +125,7 @@ def display_name(cfg: Mapping[str, Any], swept: Mapping[str, Any] | None = None)
 def tags(cfg: Mapping[str, Any], extra=()) -> list[str]:
     flat = flatten(cfg)
     out = [f"{tag}:{flat[key]}"[:64] for tag, key in TAG_KEYS if flat.get(key) not in (None, "")]
+    out.append(f"protocol:{flat.get('protocol.name') or 'text'}"[:64])  # conf/protocol/; cells before it: text
     out += [str(t)[:64] for t in extra or ()]
     return list(dict.fromkeys(out))
 

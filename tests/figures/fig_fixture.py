@@ -53,11 +53,22 @@ hand-written text before
 
 hand-written text between
 
+<!-- BEGIN GENERATED: headline (python -m repro.figures; do not edit by hand) -->
+<!-- END GENERATED: headline -->
+
 <!-- BEGIN GENERATED: claims (python -m repro.figures; do not edit by hand) -->
 <!-- END GENERATED: claims -->
 
 hand-written text after
 """
+
+def out_file(name: str, ending: str) -> str:
+    """The file the fixture's (protocol=text) cells of `name` render to: plain for an experiment
+    whose default protocol is text, `<name>.text<ending>` for fig2_main / tab2_ablation (artifact)."""
+    from repro.figures.protocols import output_name
+
+    return output_name(name, "text", ending)
+
 
 def system_spec(system: str) -> tuple:
     return SYSTEMS[system] if system in SYSTEMS else SMG_SYSTEMS.get(system) or TODAY_SYSTEMS[system]

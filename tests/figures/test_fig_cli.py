@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import repro.figures.__main__ as cli
+from fig_fixture import out_file
 
 
 def test_unknown_name_is_rejected(tmp_path, capsys):
@@ -72,7 +73,7 @@ def test_drawing_tasks_draw_after_their_experiment_and_hand_back_its_frames(resu
         want = load._load_cells(results_copy, "tab2_ablation")
         assert_frame_equal(memo[key], want)
         assert memo[key].attrs == want.attrs
-    assert (tmp_path / "fig" / "tab2_ablation.md").is_file()
+    assert (tmp_path / "fig" / out_file("tab2_ablation", ".md")).is_file()
 
 
 # -- issue 32 point 4/5: your own experiment, generated docs written by a whole build only -------
@@ -133,7 +134,7 @@ def test_a_paper_figure_counts_the_systems_it_draws(results_copy, tmp_path):
     (results_copy / "fig2_extra").rename(results_copy / "fig2_main")
     assert cli.main(["fig2_main", "--results-dir", str(results_copy), "--figures-dir", str(tmp_path / "f"),
                      "--tracking", "disabled"]) == 0
-    assert "of the seven systems" in (tmp_path / "f" / "fig2_main.caption.txt").read_text()
+    assert "of the seven systems" in (tmp_path / "f" / out_file("fig2_main", ".caption.txt")).read_text()
 
 
 def test_a_failed_render_never_writes_no_data_claims(results_copy, tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def test_claims_say_the_regime_of_what_they_compare(results_copy):
     assert table.loc["fig2.p50_latency_vs_ca", "regime"] == "3 of 4 compared points stable; backlogged (CacheAware+LRU)"
     assert table.loc["thm.lru_linear", "regime"] == "n/a"  # theory cells have no load
     md = claims.to_markdown(table.reset_index())
-    assert "| Ours | Load regime | Verdict |" in md and "backlogged (CacheAware+LRU)" in md
+    assert "| Ours (text) | Verdict (text) | Load regime |" in md and "backlogged (CacheAware+LRU)" in md
+    assert table.loc["fig2.p50_latency_vs_ca", "regime:artifact"] == "—"  # the fixture has no artifact cells
 
 
 def test_sweeps_mark_non_stable_points():

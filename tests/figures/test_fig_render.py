@@ -8,6 +8,7 @@ import pytest
 from repro.figures import ARTEFACTS, artefact, claims
 from repro.figures.reproduce import outputs, read_block
 from repro.figures.load import METRICS
+from fig_fixture import out_file
 
 PLOTS = [n for n in ARTEFACTS if n not in ("tab2_ablation", "tab3_single_worker", "thm_competitive_ratio")]
 PERF_PLOTS = [n for n in PLOTS if n != "regime_map"]  # regime_map: heatmaps, its own test
@@ -17,7 +18,7 @@ def test_cli_renders_every_artefact(rendered):
     rc, figures, _ = rendered
     assert rc == 0
     for name in ARTEFACTS:
-        for out in outputs(name):
+        for out in outputs(name, "text"):
             assert (figures / out).stat().st_size > 0, out
 
 
@@ -44,11 +45,11 @@ def test_thm_caption(rendered):
 @pytest.mark.parametrize("name", PLOTS)
 def test_plot_files(rendered, name):
     _, figures, _ = rendered
-    png, pdf = (figures / f"{name}.png").read_bytes(), (figures / f"{name}.pdf").read_bytes()
+    png, pdf = (figures / out_file(name, ".png")).read_bytes(), (figures / out_file(name, ".pdf")).read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert pdf.startswith(b"%PDF") and len(pdf) > 5_000
     assert b"CreationDate" not in pdf and b"Producer" not in pdf  # no timestamps / versions
-    caption = (figures / f"{name}.caption.txt").read_text()
+    caption = (figures / out_file(name, ".caption.txt")).read_text()
     assert "Backend: sim" in caption and "model/GPU:" in caption and "seed" in caption
 
 
@@ -58,7 +59,7 @@ def test_plot_data_has_every_point(rendered, fixture_results, name):
     _, figures, _ = rendered
     fig = artefact(name).FIGURE
     cells, _ = fig.table(fixture_results)
-    data = pd.read_csv(figures / f"{name}.csv")
+    data = pd.read_csv(figures / out_file(name, ".csv"))
     keys = fig.point_keys(cells)
     assert len(data) == len(cells.drop_duplicates(keys))
     for m in METRICS:
@@ -68,7 +69,7 @@ def test_plot_data_has_every_point(rendered, fixture_results, name):
 
 def test_captions_carry_data_provenance(rendered):
     _, figures, _ = rendered
-    fig2 = (figures / "fig2_main.caption.txt").read_text()
+    fig2 = (figures / out_file("fig2_main", ".caption.txt")).read_text()
     assert "mean ± SD over seeds 0, 1" in fig2
     assert "first 17,671 complete conversations" in fig2  # ShareGPT truncation note
     fig4 = (figures / "fig4_order.caption.txt").read_text()
@@ -86,12 +87,12 @@ def _md_table(path):
 
 def test_tab2_rows_and_columns(rendered):
     _, figures, _ = rendered
-    header, rows = _md_table(figures / "tab2_ablation.md")
+    header, rows = _md_table(figures / out_file("tab2_ablation", ".md"))
     assert header == ["System", "P50 latency (ms)", "P95 latency (ms)", "P50 TTFT (ms)", "P95 TTFT (ms)",
                       "Hit rate (%)", "Throughput (req/s)", "Eviction (ms/query)", "Routing (ms/query)"]
     assert [r[0] for r in rows] == ["CacheAware+LRU", "CacheAware+RLT", "LBGR+LRU", "LBGR+RLT"]
     assert all("±" in c for r in rows for c in r[1:])  # two seeds: mean ± SD everywhere
-    tex = (figures / "tab2_ablation.tex").read_text()
+    tex = (figures / out_file("tab2_ablation", ".tex")).read_text()
     assert r"\toprule" in tex and r"\caption{" in tex and tex.count(r"\\") == 5  # header + 4 rows
 
 

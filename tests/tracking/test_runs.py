@@ -21,7 +21,9 @@ def test_display_name_and_tags():
     assert runs.display_name(CFG, {"cluster.num_workers": "4", "tracking.mode": "offline"}) == \
         "LBGR+RLT · gsp · 12 req/s · 4 workers · seed 0"
     assert runs.tags(CFG, ["mine"]) == ["workload:gsp", "policy:LBGR+RLT", "router:lbgr", "eviction:rlt",
-                                        "model:llama31_8b", "hardware:l40", "seed:0", "backend:sim", "mine"]
+                                        "model:llama31_8b", "hardware:l40", "seed:0", "backend:sim", "protocol:text",
+                                        "mine"]
+    assert "protocol:artifact" in runs.tags({**CFG, "protocol": {"name": "artifact"}})
 
 
 def test_flat_config_leaves_out_paths_and_tracking():
