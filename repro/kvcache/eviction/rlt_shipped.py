@@ -137,6 +137,9 @@ class RLTShippedEviction(EvictionPolicy):
         draw = self.rng.randrange
         size = len(leaves)
         done = 0
+        if cache.debug_on_evict is None and cache.eviction_log is None:
+            done = self._draw_batched(leaves, size, need, draw)
+            size = 0  # the loop below is the one-token-at-a-time form (its log sees each token)
         while size and done < need:
             i = draw(size)
             leaf = leaves[i]
@@ -157,6 +160,38 @@ class RLTShippedEviction(EvictionPolicy):
         if done < need:
             self.short_evictions += 1
         return done, None
+
+    def _draw_batched(self, leaves: list, size: int, need: int, draw) -> int:
+        """`evict`'s draws with the one-token cuts of a leaf that stays counted and made at the end,
+        one `truncate_leaves` call: the same draws, victims and final tree (nothing reads a leaf's
+        length in between but this loop, through `pending`)."""
+        cache = self.cache
+        root = cache.root
+        phase = self.phase
+        pending: dict = {}  # leaf -> tokens cut from its tail so far
+        done = 0
+        while size and done < need:
+            i = draw(size)
+            leaf = leaves[i]
+            size -= 1
+            leaves[i] = leaves[size]
+            done += 1
+            k = pending.get(leaf, 0)
+            if leaf.n - k > 1:
+                pending[leaf] = k + 1
+                leaves[size] = leaf
+                size += 1
+                continue
+            if k:
+                del pending[leaf]
+            parent = leaf.parent
+            cache.evict_leaf(leaf)  # all its tokens: the k cut ones and the last
+            if parent is not root and parent.mark != phase and parent.lock_ref <= 0 and not parent.children:
+                leaves[size] = parent
+                size += 1
+        if pending:
+            cache.truncate_leaves(list(pending), list(pending.values()))
+        return done
 
     def stats(self):
         return {
