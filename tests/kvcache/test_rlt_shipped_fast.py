@@ -65,3 +65,23 @@ def test_batched_and_logged_forms_agree_on_long_runs():
                 b.evictable_size(),
                 b.evicted_tokens,
             )
+
+
+def test_inline_draws_equal_randrange(monkeypatch):
+    """Both draw forms of the batched loop (inline getrandbits where CPython's randrange is that)."""
+    from repro.kvcache.eviction import rlt_shipped
+
+    assert rlt_shipped._randrange_is_getrandbits() == rlt_shipped._INLINE_DRAWS
+    states = []
+    for inline in (True, False):
+        monkeypatch.setattr(rlt_shipped, "_INLINE_DRAWS", inline)
+        rng = random.Random(9)
+        c = RadixCache(300, RLTShippedEviction(3), "node")
+        got = []
+        for _ in range(200):
+            got.append(c.evict(rng.randrange(1, 90)))
+            prompt = [rng.randrange(3)] + [rng.randrange(40) for _ in range(30)]
+            if len(prompt) - c.peek_prefix(prompt) <= c.free_tokens():
+                c.insert(prompt)
+        states.append((got, _tree_state(c), c.policy.rng.getstate()))
+    assert states[0] == states[1]
