@@ -48,7 +48,9 @@ def test_batched_and_logged_forms_agree_on_long_runs():
     """Long prompts (a leaf cut many times in one call): every node's length, depth and stamp too."""
     rng = random.Random(5)
     for seed in range(4):
-        caches = [RadixCache(400, RLTShippedEviction(seed), "node", record_evictions=logged) for logged in (False, True)]
+        caches = [
+            RadixCache(400, RLTShippedEviction(seed), "node", record_evictions=logged) for logged in (False, True)
+        ]
         for _ in range(300):
             prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 6))] + [rng.randrange(50) for _ in range(40)]
             need = rng.randrange(1, 120)
