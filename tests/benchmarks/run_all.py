@@ -29,6 +29,9 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "sim": ("bench_sim.py", ["--repeat", "1"],
             "simulated requests per second, Fig. 2 GSP cell (>= 5,000; issue 20: LBGR+RLT >= 40k, CA+LRU >= 60k, "
             "vs the simulator alone and Vidur's engine)"),
+    "sim_artifact": ("bench_artifact_cell.py", [],
+                     "one Fig. 2 GSP cell per protocol side by side (text: 1,024 requests; artifact: 4,096 of ~3.1k "
+                     "tokens on SGLang 0.4.6's preset, LBGR+RLT as shipped): wall time and req/s"),
     "learner_flips": ("bench_learner_flips.py", ["--exp", "fig2_main", "--limit", "6"],
                       "LBGR decisions the learner's Cholesky solve flips vs the old numpy inverse (issue 20: 0)"),
     "costmodel": ("bench_costmodel.py", [], "step-cost model call cost"),

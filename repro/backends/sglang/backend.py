@@ -274,7 +274,8 @@ def run_cell(cfg: Any, progress: Callable[[float], None] | None = None):
     if client_plan is None:  # a client's records are its sends, not cell.requests: no one-to-one trace
         # observe: what ran, as a trace the simulator can replay (workload=trace, router=fixed)
         write_trace(
-            Path(log_dir) / "trace.jsonl", trace_rows(cell.requests, result.records, result.records.attrs.get("output_ids"))
+            Path(log_dir) / "trace.jsonl",
+            trace_rows(cell.requests, result.records, result.records.attrs.get("output_ids")),
         )
 
     b = plain["backend"]

@@ -45,6 +45,23 @@ def python_rng(seed: "int | np.random.Generator") -> random.Random:
     return random.Random(int(seed))
 
 
+def _randrange_is_getrandbits() -> bool:
+    """Whether `Random.randrange(n)` is getrandbits(n.bit_length()) until below n (CPython's
+    `_randbelow_with_getrandbits`), checked on a sample: then evict draws so, a call cheaper."""
+    a, b = random.Random(12345), random.Random(12345)
+    for n in [1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257, 1000, 4096, 65535, 65537, 10**6, 2**31 - 1] * 20:
+        k = n.bit_length()
+        r = b.getrandbits(k)
+        while r >= n:
+            r = b.getrandbits(k)
+        if a.randrange(n) != r:
+            return False
+    return a.getstate() == b.getstate()
+
+
+_INLINE_DRAWS = _randrange_is_getrandbits()
+
+
 class RLTShippedEviction(EvictionPolicy):
     """RLT as shipped (module docstring). Counters: `resets` (new phases), `evicted_tokens`,
     `short_evictions` (calls that evicted fewer tokens than asked)."""
@@ -137,6 +154,9 @@ class RLTShippedEviction(EvictionPolicy):
         draw = self.rng.randrange
         size = len(leaves)
         done = 0
+        if cache.debug_on_evict is None and cache.eviction_log is None:
+            done = self._draw_batched(leaves, size, need, draw if not _INLINE_DRAWS else None)
+            size = 0  # the loop below is the one-token-at-a-time form (its log sees each token)
         while size and done < need:
             i = draw(size)
             leaf = leaves[i]
@@ -157,6 +177,45 @@ class RLTShippedEviction(EvictionPolicy):
         if done < need:
             self.short_evictions += 1
         return done, None
+
+    def _draw_batched(self, leaves: list, size: int, need: int, draw) -> int:
+        """`evict`'s draws with the one-token cuts of a leaf that stays counted and made at the end,
+        one `truncate_leaves` call: the same draws, victims and final tree (nothing reads a leaf's
+        length in between but this loop, through `pending`)."""
+        cache = self.cache
+        root = cache.root
+        phase = self.phase
+        pending: dict = {}  # leaf -> tokens cut from its tail so far
+        done = 0
+        bits = self.rng.getrandbits
+        while size and done < need:
+            if draw is None:  # randrange(size) as CPython computes it (checked at import: _INLINE_DRAWS)
+                k = size.bit_length()
+                i = bits(k)
+                while i >= size:
+                    i = bits(k)
+            else:
+                i = draw(size)
+            leaf = leaves[i]
+            size -= 1
+            leaves[i] = leaves[size]
+            done += 1
+            k = pending.get(leaf, 0)
+            if leaf.n - k > 1:
+                pending[leaf] = k + 1
+                leaves[size] = leaf
+                size += 1
+                continue
+            if k:
+                del pending[leaf]
+            parent = leaf.parent
+            cache.evict_leaf(leaf)  # all its tokens: the k cut ones and the last
+            if parent is not root and parent.mark != phase and parent.lock_ref <= 0 and not parent.children:
+                leaves[size] = parent
+                size += 1
+        if pending:
+            cache.truncate_leaves(list(pending), list(pending.values()))
+        return done
 
     def stats(self):
         return {
