@@ -17,7 +17,7 @@ SIX = {"random_lru", "round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "l
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
 BEYOND = ("mooncake_replay",)  # experiments beyond the paper: their own model, GPU and workload
 TODAY = ("todays_baselines",)  # beyond the paper: the paper's systems beside today's policies
-LIVE = ("live_cpu_gsp",)  # real SGLang servers on a CPU: a shrunk GSP, four systems, backend sglang
+LIVE = ("live_cpu_gsp", "live_cpu_artifact")  # real SGLang servers on a CPU: shrunk GSP (text and artifact), backend sglang
 # the text -> artifact ladder and the artifact protocol's speed sweep (tests/harness/test_gap_ladder.py)
 PROTOCOL_GAP = ("gap_ladder", "fig2_speed")
 # paper experiments that run the authors' protocol by default (conf/protocol/artifact.yaml)
