@@ -36,7 +36,7 @@ from repro.analysis.inverse_search.claims import Target
 from repro.analysis.inverse_search.space import RATE_HALVES, Setting, default_params, suggest
 
 EXP = "inverse_search"
-SPACE_VERSION = 1  # part of a study's identity: a changed space is a new study
+SPACE_VERSION = 2  # part of a study's identity: a changed space is a new study
 STALE_AFTER_S = 2 * 3600.0  # a RUNNING trial of another host older than this is abandoned
 METRICS = ("latency_p50_s", "ttft_p50_s", "hit_rate", "throughput_rps", "latency_p95_s", "ttft_p95_s")
 REGIME_FIELDS = ("regime", "util_max", "wait_share_p50")  # read with .get: summaries may predate them
