@@ -89,6 +89,8 @@ def render_artefact(name: str, results_dir, figures_dir) -> str | None:
 
     results_dir, figures_dir = Path(results_dir), Path(figures_dir)
     drawn = protocols_present(results_dir, experiment_of(name)) or [None]  # none: the loader says what is missing
+    if name in ARTEFACTS and getattr(artefact(name), "SPANS_PROTOCOLS", False):
+        drawn = [None]  # one figure over both protocols' cells (gap_ladder: text rungs up to the artifact)
     found = [_render_one(name, results_dir, figures_dir, p) for p in drawn]
     if name in ARTEFACTS:  # its override runs' figures go next to it (results/<name>+<changes>/)
         found += [render_artefact(f, results_dir, figures_dir) for f in overrides.override_folders(results_dir, name)]

@@ -91,7 +91,7 @@ def data_text(df: pd.DataFrame) -> list[str]:
     if len(trunc):
         # rows_read counts the record cut in half too (it is one of malformed_rows)
         complete = {
-            int(r) - int(m or 0)
+            int(r) - int(m if m == m and m is not None else 0)  # NaN: a pool that read no malformed row
             for r, m in zip(
                 trunc.get("prov.workload.rows_read", []), trunc.get("prov.workload.malformed_rows", [0] * len(trunc))
             )

@@ -18,8 +18,11 @@ import pandas as pd
 import yaml
 
 from repro.figures import captions
-from repro.figures.load import SEED, ResultsError, aggregate, load_cells, require
+from repro.figures.load import PROTOCOL, SEED, ResultsError, aggregate, load_cells, require
 from repro.figures.style import METRIC_LABELS, add_caption, apply_style, save_figure, system_colors, write_text
+
+# its rungs go from the text protocol (r0-r5) to the artifact protocol (r6): one figure over both
+SPANS_PROTOCOLS = True
 
 NAME = EXP = "gap_ladder"
 TITLE = "The gap taken apart: Fig. 2 GSP from the text protocol to the artifact protocol, one factor per rung (beyond the paper)"
@@ -109,7 +112,7 @@ def table(results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     whose cells stand for a system this rung leaves unchanged, else the rung itself), and the
     rung's ratios (`<metric>_ratio`, `_lo`, `_hi`) on the LBGR+RLT rows."""
     df = cells(results_dir)
-    agg = aggregate(df, [RUNG, SYSTEM], EXP, METRICS)
+    agg = aggregate(df, [RUNG, SYSTEM, PROTOCOL], EXP, METRICS)  # each rung is of one protocol
     factors = df.groupby(RUNG)[FACTOR].first().to_dict() if FACTOR in df else {}
     rows, last = [], {}
     for rung in rung_order(df):

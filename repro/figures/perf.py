@@ -117,6 +117,7 @@ def dodge_offsets(xs, n_systems: int, log_base: int = 0) -> np.ndarray:
 
 LABEL_GAP = 0.12  # least distance between two labelled log ticks, as a fraction of the axis height
 _TICK_PRIORITY = (1, 2, 5, 3, 4, 6, 7, 8, 9)  # the mantissas tried first win a crowded axis
+_TICK_TOL = 1e-9  # relative slack at the axis limits and absolute slack (log10) on the gap (log_ticks)
 
 
 def log_ticks(bottom: float, top: float, gap: float = LABEL_GAP) -> list[float]:
@@ -127,13 +128,18 @@ def log_ticks(bottom: float, top: float, gap: float = LABEL_GAP) -> list[float]:
 
     lo, hi = math.log10(bottom), math.log10(top)
     span = hi - lo
+    # float edges: a tick is in range if within a relative _TICK_TOL of the limits (matplotlib draws
+    # ticks that close to the view limits), and the range test is made on the values themselves, not
+    # on their logs (log10(999.9999999999999) == 3.0 would let 1000 in while 1000 > top); the gap
+    # test allows _TICK_TOL too, on log10 of the ratio, so two equal spacings compare equal.
     kept: list[float] = []
     for m in _TICK_PRIORITY:
-        for e in range(math.floor(lo) - 1, math.ceil(hi) + 1):
-            v = m * 10.0**e
-            lv = math.log10(v)
-            if lo <= lv <= hi and all(abs(lv - math.log10(k)) >= gap * span for k in kept):
-                kept.append(float(f"{v:.12g}"))
+        for e in range(math.floor(lo) - 1, math.ceil(hi) + 2):
+            v = float(f"{m * 10.0**e:.12g}")
+            if bottom * (1 - _TICK_TOL) <= v <= top * (1 + _TICK_TOL) and all(
+                abs(math.log10(v / k)) >= gap * span - _TICK_TOL for k in kept
+            ):
+                kept.append(v)
     return sorted(kept)
 
 

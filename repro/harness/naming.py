@@ -231,7 +231,7 @@ def composer_baseline(compose_fn: Any, overrides: Sequence[str]) -> Callable[[st
 
     def lookup(key: str, group: bool) -> str | None:
         if not memo:
-            memo.append(base_of([f"exp={exp}", *hydra]))
+            memo.append(base_of([f"exp={exp}", *protocol_overrides(overrides), *hydra]))
         cfg, choices = memo[0]
         if group:
             value = choices.get(key)
@@ -244,6 +244,13 @@ def composer_baseline(compose_fn: Any, overrides: Sequence[str]) -> Callable[[st
         return None if value is None or OmegaConf.is_config(value) else str(value)
 
     return lookup
+
+
+def protocol_overrides(overrides: Sequence[str]) -> list[str]:
+    """The command line's `protocol=` / `protocol.<key>=` overrides: exempt, yet they decide what the
+    experiment's own settings and grid are (its sweep names `${protocol.systems.X}`), so the
+    comparison composes the experiment under them."""
+    return [t for t in overrides if _exempt(t.partition("=")[0].lstrip("+~"), ("protocol",))]
 
 
 def _grid_overridden() -> bool:
@@ -270,7 +277,8 @@ def with_derived_name(params: Mapping[str, Any] | None, overrides: Sequence[str]
     exp = experiment_of(overrides)
     own_params = getattr(compose_fn, "sweep_params", None)
     if is_project_experiment(exp) and own_params is not None and not _named_by_user(overrides) and _grid_overridden():
-        original = own_params([f"exp={exp}"])  # hydra.sweeper.params.<key>= changed the grid
+        # hydra.sweeper.params.<key>= changed the grid: the experiment's own, under the same protocol
+        original = own_params([f"exp={exp}", *protocol_overrides(overrides)])
     name = derived_exp_name(params, overrides, composer_baseline(compose_fn, overrides), original_params=original)
     if name is None:
         return list(overrides)

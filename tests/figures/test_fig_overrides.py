@@ -90,12 +90,16 @@ def test_log_ticks_never_crowd(bottom, factor):
     pos = _log_positions(ticks)
     assert list(ticks) == sorted(ticks) and all(bottom * (1 - 1e-9) <= t <= top * (1 + 1e-9) for t in ticks)
     assert np.all(np.diff(pos) >= LABEL_GAP * span - 1e-9)
-    # reference: every 1..9 x 10^k in range that keeps the gap to all kept ones, in priority order
+    # reference: every 1..9 x 10^k in range that keeps the gap to all kept ones, in priority order;
+    # "in range" and "keeps the gap" with log_ticks' float slack (1e-9: relative at the limits, in
+    # log10 on the gap), so that 1000 on a 1 .. 999.9999999999999 axis is in for both
     kept = []
     for m in (1, 2, 5, 3, 4, 6, 7, 8, 9):
         for e in range(-8, 9):
-            v = m * 10.0**e
-            if bottom <= v <= top and all(abs(math.log10(v / k)) >= LABEL_GAP * span for k in kept):
+            v = float(f"{m * 10.0**e:.12g}")
+            if bottom * (1 - 1e-9) <= v <= top * (1 + 1e-9) and all(
+                abs(math.log10(v / k)) >= LABEL_GAP * span - 1e-9 for k in kept
+            ):
                 kept.append(v)
     assert np.allclose(sorted(kept), ticks)
     if factor >= 3:

@@ -11,7 +11,9 @@ from repro.figures.load import METRICS
 from fig_fixture import out_file
 
 PLOTS = [n for n in ARTEFACTS if n not in ("tab2_ablation", "tab3_single_worker", "thm_competitive_ratio")]
-PERF_PLOTS = [n for n in PLOTS if n != "regime_map"]  # regime_map: heatmaps, its own test
+# regime_map: heatmaps, its own test; gap_ladder / fig2_speed: their own tables (rung x system, speed factor)
+OWN_TABLE_PLOTS = ["gap_ladder", "fig2_speed"]
+PERF_PLOTS = [n for n in PLOTS if n != "regime_map" and n not in OWN_TABLE_PLOTS]
 
 
 def test_cli_renders_every_artefact(rendered):
@@ -65,6 +67,28 @@ def test_plot_data_has_every_point(rendered, fixture_results, name):
     for m in METRICS:
         assert m in data and f"{m}_sd" in data
     assert set(data["policy_name"]) == set(cells["policy_name"])
+
+
+@pytest.mark.parametrize("name", OWN_TABLE_PLOTS)
+def test_own_table_plot_data_has_every_row(rendered, fixture_results, name):
+    """gap_ladder's CSV: one row per (rung, system), mean and SD per metric and the ratios on the
+    LBGR+RLT rows; fig2_speed's: one row per speed factor with each metric's ratio and seed range."""
+    from repro.figures import gap_ladder
+
+    _, figures, _ = rendered
+    mod = artefact(name)
+    _, out = mod.table(fixture_results)
+    data = pd.read_csv(figures / out_file(name, ".csv"))
+    assert len(data) == len(out) > 0
+    for m in gap_ladder.METRICS:
+        assert all(f"{m}_{k}" in data for k in ("ratio", "lo", "hi"))
+    if name == "gap_ladder":
+        assert len(data) == 2 * data[gap_ladder.RUNG].nunique()
+        assert set(data[gap_ladder.SYSTEM]) == {gap_ladder.BASE, gap_ladder.OURS}
+        for m in gap_ladder.METRICS:
+            assert m in data and f"{m}_sd" in data
+    else:
+        assert list(data[mod.SPEED]) == sorted(set(data[mod.SPEED]))
 
 
 def test_captions_carry_data_provenance(rendered):

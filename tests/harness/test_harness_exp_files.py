@@ -184,8 +184,12 @@ def test_grid_shapes(grids):
     assert len(swept(g["fig14_decay_interval"], "router.decay_interval_s")) == 6
     for exp in EXPS:
         if exp not in ("fig14_decay_interval", "tab3_single_worker", "tab2_ablation", "thm_competitive_ratio",
-                       "fig2_router_rules", "regime_map", "inverse_search", *BEYOND, *LIVE, *PROTOCOL_GAP):
+                       "fig2_router_rules", "regime_map", "inverse_search", *BEYOND, *LIVE, *PROTOCOL_GAP,
+                       *ARTIFACT_DEFAULT, *TODAY):  # fig2_main: SIX_ARTIFACT (above)
             assert policies(g[exp]) == SIX, exp
+    today = g["todays_baselines"]  # the six beside SGLang's own evictions and today's routers
+    assert len(today) == 168 and SIX < policies(today) and len(policies(today)) == 14
+    assert swept(today, "workload") == ["gsp", "loogle", "sharegpt", "ultrachat"] and swept(today, "seed", int) == [0, 1, 2]
     live = g["live_cpu_gsp"]
     assert policies(live) == {"round_robin_lru", "cache_aware_lru", "cache_aware_rlt", "lbgr_rlt"} and len(live) == 4
     assert (CHOICES["live_cpu_gsp"]["model"], CHOICES["live_cpu_gsp"]["hardware"],

@@ -3,24 +3,36 @@ no finished cell, cells no current grid produces and failed cells; `status` says
 
 from __future__ import annotations
 
-import shutil
+import functools
+import json
 from pathlib import Path
 
 from repro.results.__main__ import main
 from repro.results.lock import CellLock
 from repro.results.prune import remove, scan
+from repro.results.store import CellStore
 
-ROOT = Path(__file__).resolve().parents[2]
-PAPER = ROOT / "results" / "fig5_request_rate"
+
+@functools.lru_cache(maxsize=None)
+def _grid_sig() -> str:
+    """A signature fig5_request_rate's current grid produces (no committed results/ needed)."""
+    from repro.harness.grids import grid_signatures
+
+    return sorted(grid_signatures(["fig5_request_rate"])["fig5_request_rate"])[0]
+
+
+def _finished(cell: Path) -> None:
+    """A finished cell as prune sees it: its summary.json (what CellStore.is_finished reads)."""
+    cell.mkdir(parents=True)
+    (cell / CellStore.SUMMARY).write_text(json.dumps({"p50_ttft_s": 0.1}))
 
 
 def _tree(tmp_path: Path) -> Path:
     root = tmp_path / "results"
     fig5 = root / "fig5_request_rate"
     fig5.mkdir(parents=True)
-    sig = sorted(p.parent.name for p in PAPER.glob("*/summary.json"))[0]
-    shutil.copytree(PAPER / sig, fig5 / sig)  # a cell of the current grid
-    shutil.copytree(PAPER / sig, fig5 / "0123456789ab")  # finished, but no grid makes it
+    _finished(fig5 / _grid_sig())  # a cell of the current grid
+    _finished(fig5 / "0123456789ab")  # finished, but no grid makes it
     left = fig5 / "aaaaaaaaaaaa"  # what `git clean` leaves: git-ignored files only
     (left / "wandb").mkdir(parents=True)
     (left / "requests.parquet").write_bytes(b"x")
@@ -36,7 +48,7 @@ def _tree(tmp_path: Path) -> Path:
 def test_prune_is_dry_by_default_and_deletes_with_yes(tmp_path, capsys):
     root = _tree(tmp_path)
     fig5 = root / "fig5_request_rate"
-    sig = sorted(p.parent.name for p in PAPER.glob("*/summary.json"))[0]  # the cell of the grid
+    sig = _grid_sig()  # the cell of the grid
     lock = CellLock(fig5 / "cccccccccccc")
     assert lock.try_acquire()
     try:
@@ -64,13 +76,13 @@ def test_scan_without_grids_keeps_every_finished_cell(tmp_path):
 
 def test_inverse_search_cells_are_never_called_foreign(tmp_path):
     root = tmp_path / "r"
-    shutil.copytree(PAPER / sorted(p.parent.name for p in PAPER.glob("*/summary.json"))[0],
-                    root / "inverse_search" / "0123456789ab")
+    _finished(root / "inverse_search" / "0123456789ab")
     assert scan(root, ["inverse_search"], grids={"inverse_search": set()}) == []
 
 
 def test_status_says_when_to_prune(tmp_path, capsys):
     root = _tree(tmp_path)
-    assert main(["status", "--results-dir", str(root), "fig5_request_rate+kv16384"]) == 0
+    # exit 1: an unfinished cell folder is a gap (the reliability branch: status exits 1 on one)
+    assert main(["status", "--results-dir", str(root), "fig5_request_rate+kv16384"]) == 1
     out = capsys.readouterr().out
     assert "1 folder(s) hold no finished cell" in out and "python -m repro.results prune" in out

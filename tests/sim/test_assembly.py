@@ -97,7 +97,7 @@ def test_a_plain_composition_without_the_schema_gets_the_same_scheduler():
         "from repro.backends import assembly\n"
         "from repro.sim.worker import SchedulerConfig\n"
         f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
-        "    cfg = compose('config', overrides=['exp=fig2_main'])\n"
+        "    cfg = compose('config', overrides=['exp=fig2_main', 'protocol=text'])\n"  # text: no scheduler preset
         "assert 'repro.harness.schema' not in sys.modules\n"
         "assert assembly.scheduler_config(cfg) == SchedulerConfig()\n"
         "plan = assembly.plan_cell(cfg)\n"

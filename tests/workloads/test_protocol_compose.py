@@ -1,4 +1,5 @@
-"""conf/protocol/: protocol=artifact composes with a paper experiment; protocol=text changes nothing."""
+"""conf/protocol/: protocol=artifact (fig2_main's default) composes with a paper experiment;
+protocol=text gives the text cells, whose signatures leave the protocol node out."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def fig2_cells(*extra: str) -> list:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         over = ["exp=fig2_main", *extra]
         head = compose("config", overrides=over, return_hydra_config=True)
-        params = OmegaConf.to_container(head.hydra.sweeper.params)
+        params = OmegaConf.to_container(head.hydra.sweeper.params, resolve=True)  # ${protocol.systems.X}
         cells = expand_grid(params, over)
         compose_cells(cells, GridComposer("config"))
         return cells
@@ -26,12 +27,13 @@ def fig2_cells(*extra: str) -> list:
 
 @pytest.fixture(scope="module")
 def both():
-    return fig2_cells(), fig2_cells("protocol=artifact")
+    # fig2_main defaults to protocol=artifact (conf/exp/fig2_main.yaml); protocol=text gives the text cells
+    return fig2_cells("protocol=text"), fig2_cells()
 
 
 def test_artifact_selects_each_workloads_variant_and_the_metrics(both):
     text, art = both
-    assert len(text) == len(art) == 72
+    assert len(text) == len(art) == 120  # 4 workloads x 6 systems x seeds 0-4
     for cell in art:
         cfg = cell.config
         w = cfg["workload"]
@@ -47,10 +49,14 @@ def test_artifact_selects_each_workloads_variant_and_the_metrics(both):
 def test_text_is_todays_config_and_the_two_protocols_sit_side_by_side(both):
     text, art = both
     for cell in text:
-        assert cell.config["protocol"] == {"name": "text"}
+        proto = cell.config["protocol"]
+        assert proto["name"] == "text" and proto["num_queries"] == 1024 and proto["paper_names"] == []
+        assert proto["systems"] == {s: s for s in proto["systems"]}  # each paper option is itself
+        assert cell.config["workload"]["num_queries"] == 1024
+        assert cell.config["cluster"]["kv_cache_tokens"] == proto["kv_cache_tokens"]
         assert "variant" not in cell.config["workload"]
         without = {k: v for k, v in cell.config.items() if k != "protocol"}
         assert cell_signature(cell.config) == cell_signature(without)  # today's signatures
     sig_text = {cell_signature(c.config) for c in text}
     sig_art = {cell_signature(c.config) for c in art}
-    assert len(sig_text) == len(sig_art) == 72 and not sig_text & sig_art
+    assert len(sig_text) == len(sig_art) == 120 and not sig_text & sig_art
