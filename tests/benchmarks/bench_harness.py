@@ -55,10 +55,10 @@ def plan_fig2() -> tuple[int, float]:
     from repro.harness.compose import GridComposer
     from repro.harness.sweep import plan_cells
 
-    extra: list[str] = []
+    extra: list[str] = ["protocol=text"]  # the text protocol's 120 cells (the artifact's plan builds pools)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         head = compose("config", overrides=["exp=fig2_main", *extra], return_hydra_config=True)
-        params = OmegaConf.to_container(head.hydra.sweeper.params)
+        params = OmegaConf.to_container(head.hydra.sweeper.params, resolve=True)  # ${protocol.systems.X}
         ov = ["exp=fig2_main", *extra]
         plan_cells(params, ov, GridComposer("config"))  # warm the workload disk cache
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXP = "fig2_gsp_prefix_or_least"
-GRID = ["+exp=fig2_main", "workload=gsp", f"exp_name={EXP}",
+GRID = ["+exp=fig2_main", "protocol=text", "seed=0,1,2", "workload=gsp", f"exp_name={EXP}",
         "hydra.sweeper.params.policy=${systems:prefix_or_least_lru,lbgr_oldest_or_random}"]
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_demo_from_a_fresh_clone(clone, tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         return res
 
-    copied = repro_run("+exp=fig2_main", "workload=gsp", "exp_name=another", "policy=lbgr_rlt,prefix_or_least_lru",
+    copied = repro_run("+exp=fig2_main", "protocol=text", "seed=0,1,2", "workload=gsp", "exp_name=another", "policy=lbgr_rlt,prefix_or_least_lru",
                        "tracking=disabled")
     assert _counts(_last_line(copied.stdout)) == (0, 6, 0, 0)
 

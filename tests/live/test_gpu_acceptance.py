@@ -32,7 +32,7 @@ LLAMA31_HF_CONFIG = ("{max_position_embeddings:131072,rms_norm_eps:1.0e-05,rope_
                      "rope_scaling:{rope_type:llama3,factor:8.0,low_freq_factor:1.0,high_freq_factor:4.0,"
                      "original_max_position_embeddings:8192}}")
 
-BASE = ["exp=fig2_main", "workload=gsp", "workload.num_queries=64", "cluster.num_workers=2", "policy=cache_aware_lru",
+BASE = ["exp=fig2_main", "protocol=text", "workload=gsp", "workload.num_queries=64", "cluster.num_workers=2", "policy=cache_aware_lru",
         "seed=0"]
 
 

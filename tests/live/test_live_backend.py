@@ -135,7 +135,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
 # The fig2 GSP cell (conf/exp/fig2_main.yaml: 4 workers, 12 req/s, 4 output tokens, random order,
 # Llama-3.1-8B on L40), with fewer queries so that CI stays within a minute; time_scale 5 (the
 # emulated workers run five times faster than real time).
-FIG2_GSP = ["exp=fig2_main", "workload=gsp", "seed=0", "workload.num_queries=512", "backend=sglang",
+FIG2_GSP = ["exp=fig2_main", "protocol=text", "workload=gsp", "seed=0", "workload.num_queries=512", "backend=sglang",
             "backend.emulate=true", "backend.time_scale=5"]
 
 
