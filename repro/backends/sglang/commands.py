@@ -109,7 +109,7 @@ def server_preset_gaps(scheduler: Mapping[str, Any]) -> list[str]:
             "evict_request whole: 0.5.23 asks the radix tree for the shortfall, not a batch's whole allocation "
             "(RLT is asked for fewer tokens at once)"
         )
-    if sched.get("prefill_adder") == "sglang_0_4_6" and sched.get("max_running_requests") is None:
+    if "max_running_requests" in sched and sched["max_running_requests"] is None:
         gaps.append(
             "max_running_requests null: no flag, so 0.5.23 sizes it from its own pool, not 0.4.6's "
             "min(pool // 2, request pool)"
