@@ -265,6 +265,12 @@ async def replay(
         if isinstance(res, BaseException):
             row.failed, row.error_kind, row.error = True, "client_error", f"{type(res).__name__}: {res}"
     records = records_frame(requests, rows)
+    return records, replay_report(requests, rows, wall0, cfg.time_scale)
+
+
+def replay_report(requests: Sequence[Any], rows: Sequence[_Row], wall0: float, time_scale: float) -> dict:
+    """The replay's report: counts and examples of failures by kind, send lag, wall time (both the
+    open-loop replay and the authors' clients, client_loop.py, give it)."""
     errors: dict[str, int] = {}
     examples: list[str] = []
     for req, row in zip(requests, rows):
@@ -273,16 +279,15 @@ async def replay(
             if len(examples) < 10:
                 examples.append(f"request {req.id}: {row.error_kind}: {row.error}")
     lags = np.array([r.lag_s for r in rows])
-    report = {
-        "num_requests": n,
+    return {
+        "num_requests": len(requests),
         "num_failed": int(sum(r.failed for r in rows)),
         "failures": errors,
         "failure_examples": examples,
         "send_lag_s": {"mean": float(lags.mean()), "p99": float(np.percentile(lags, 99)), "max": float(lags.max())},
         "wall_s": time.perf_counter() - wall0,
-        "time_scale": cfg.time_scale,
+        "time_scale": time_scale,
     }
-    return records, report
 
 
 def records_frame(requests: Sequence[Any], rows: Sequence[_Row]) -> pd.DataFrame:

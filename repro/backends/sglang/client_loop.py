@@ -26,11 +26,10 @@ import functools
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from repro.backends.sglang import protocol
-from repro.backends.sglang.client import ClientConfig, LiveWindow, _one, _Row, records_frame
+from repro.backends.sglang.client import ClientConfig, LiveWindow, _one, _Row, records_frame, replay_report
 
 
 async def client_replay(
@@ -118,22 +117,8 @@ async def client_replay(
     if not sent:
         raise RuntimeError("client: the workload's client sent nothing")
     records = records_frame(sent, rows)
-    errors: dict[str, int] = {}
-    examples: list[str] = []
-    for req, row in zip(sent, rows):
-        if row.failed:
-            errors[row.error_kind or "unknown"] = errors.get(row.error_kind or "unknown", 0) + 1
-            if len(examples) < 10:
-                examples.append(f"request {req.id}: {row.error_kind}: {row.error}")
-    lags = np.array([r.lag_s for r in rows])
     report = {
-        "num_requests": len(sent),
-        "num_failed": int(sum(r.failed for r in rows)),
-        "failures": errors,
-        "failure_examples": examples,
-        "send_lag_s": {"mean": float(lags.mean()), "p99": float(np.percentile(lags, 99)), "max": float(lags.max())},
-        "wall_s": time.perf_counter() - wall0,
-        "time_scale": scale,
+        **replay_report(sent, rows, wall0, scale),
         "client": {
             **plan.describe(),
             "sent": len(sent),
