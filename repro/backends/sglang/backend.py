@@ -76,17 +76,7 @@ def validate_cell(cfg: Mapping) -> list[str]:
             f"{router_name!r}: use router_impl=ours"
         )
     elif impl == "sglang_router" and router_name == "cache_aware":
-        interval = get_path(cfg, "router.eviction_interval_secs", 60)
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, (int, float))
-            or interval < 1
-            or interval != int(interval)
-        ):
-            errs.append(
-                f"router.eviction_interval_secs={interval!r}: sglang-router 0.3.2 needs a whole number "
-                f"of seconds >= 1 (it cannot turn trimming off)"
-            )
+        errs += _whole_interval_errors(cfg, "0.3.2", "it cannot turn trimming off")
         if get_path(cfg, "router.generation", "v0_3_2") != "v0_3_2":
             errs.append("router.generation: backend.router_impl=sglang_router runs sglang-router 0.3.2 (v0_3_2)")
     if get_path(cfg, "router.tracker") == "exact":
@@ -128,9 +118,8 @@ def validate_cell(cfg: Mapping) -> list[str]:
     return errs
 
 
-def _sglang_router_014_errors(cfg: Mapping) -> list[str]:
-    """router_impl=sglang_router with router.generation le_0_1_4: the sglang-router 0.1.4 wheel."""
-    errs = []
+def _whole_interval_errors(cfg: Mapping, release: str, why: str) -> list[str]:
+    """The real sglang-router takes its trim interval in whole seconds >= 1."""
     interval = get_path(cfg, "router.eviction_interval_secs", 60)
     if (
         isinstance(interval, bool)
@@ -138,10 +127,16 @@ def _sglang_router_014_errors(cfg: Mapping) -> list[str]:
         or interval < 1
         or interval != int(interval)
     ):
-        errs.append(
-            f"router.eviction_interval_secs={interval!r}: sglang-router 0.1.4 needs a whole number of "
-            f"seconds >= 1 (at 0 it trims without pause)"
-        )
+        return [
+            f"router.eviction_interval_secs={interval!r}: sglang-router {release} needs a whole number of "
+            f"seconds >= 1 ({why})"
+        ]
+    return []
+
+
+def _sglang_router_014_errors(cfg: Mapping) -> list[str]:
+    """router_impl=sglang_router with router.generation le_0_1_4: the sglang-router 0.1.4 wheel."""
+    errs = _whole_interval_errors(cfg, "0.1.4", "at 0 it trims without pause")
     if get_path(cfg, "router.match_on", "auto") != "none":
         errs.append(
             "router.match_on: the sglang-router 0.1.4 wheel routes every request on the empty key (it compares "
