@@ -130,6 +130,22 @@ def sglang_router_ready_path(router_cfg: Mapping[str, Any]) -> str:
     return "/health" if sglang_router_release(router_cfg) == "0.1.4" else "/readiness"
 
 
+def _launch_router(python: str, host: str, port: int, worker_urls: Sequence[str]) -> list[str]:
+    """The real sglang-router's launch, up to its `--policy` flag (0.1.4 and 0.3.2 alike)."""
+    return [
+        python,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+    ]
+
+
 def sglang_router_014_command(
     python: str,
     host: str,
@@ -151,16 +167,7 @@ def sglang_router_014_command(
             "router.match_on=none to run it, or router_impl=ours for 0.1.4's rule on the request text"
         )
     return [
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--worker-urls",
-        *worker_urls,
-        "--policy",
+        *_launch_router(python, host, port, worker_urls),
         "cache_aware",
         "--cache-threshold",
         f"{float(router_cfg.get('cache_threshold', 0.5)):g}",
@@ -217,16 +224,7 @@ def sglang_router_command(
             f"router_impl=sglang_router supports routers {SGLANG_ROUTER_POLICIES}, not {name!r} (use router_impl=ours)"
         )
     cmd = [
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--worker-urls",
-        *worker_urls,
-        "--policy",
+        *_launch_router(python, host, port, worker_urls),
         name,
         "--prometheus-host",
         host,
